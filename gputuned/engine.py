@@ -1,0 +1,112 @@
+"""The engine: read the host once, ask each tuner what it would change, collect the answers.
+
+A :class:`Change` is data: (tuner, target, current value, wanted value, why). ``plan`` is pure:
+it lists only real differences and writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gputuned import errors
+from gputuned.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.host import Host
+from gputuned.host.proc import iter_processes
+from gputuned.host.system import (
+    read_cgroup_layout,
+    read_default_affinity,
+    read_host_cpus,
+    read_interrupts,
+)
+from gputuned.inspect import snapshot
+from gputuned.profile import Profile, resolve_cpusets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanResult:
+    profile: str
+    root: str
+    changes: list[Change] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    pending_boot: list[str] = field(default_factory=list)
+    sets: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "root": self.root,
+            "cpusets": self.sets,
+            "changes": [asdict(c) for c in self.changes],
+            "refused": [asdict(r) for r in self.refused],
+            "notes": self.notes,
+            "pending_boot": self.pending_boot,
+        }
+
+
+def read_context(host: Host, profile: Profile) -> PlanContext:
+    snap = snapshot(host)
+    cpus = read_host_cpus(host, snap.topo, snap.nvml)
+    return PlanContext(
+        host=host,
+        profile=profile,
+        snap=snap,
+        cpus=cpus,
+        sets=resolve_cpusets(profile, cpus),
+        irqs=read_interrupts(host),
+        default_affinity=read_default_affinity(host),
+        cgroup=read_cgroup_layout(host),
+        processes=iter_processes(host) if host.exists("/proc/1") else [],
+    )
+
+
+def all_tuners() -> Sequence[Tuner]:
+    from gputuned.tuners.bootargs import BootargsTuner
+    from gputuned.tuners.cpuset import CpusetTuner
+    from gputuned.tuners.irq import IrqTuner
+    from gputuned.tuners.pcie_aspm import PcieAspmTuner
+    from gputuned.tuners.pcie_payload import PciePayloadTuner
+    from gputuned.tuners.process import ProcessTuner
+
+    return (
+        PcieAspmTuner(),
+        PciePayloadTuner(),
+        CpusetTuner(),
+        IrqTuner(),
+        ProcessTuner(),
+        BootargsTuner(),
+    )
+
+
+def plan_profile(host: Host, profile: Profile) -> PlanResult:
+    """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing."""
+    from gputuned.cpulist import format_cpulist
+
+    ctx = read_context(host, profile)
+    result = PlanResult(
+        profile=profile.name,
+        root=str(host.root),
+        sets={k: format_cpulist(v) for k, v in ctx.sets.sets.items()},
+    )
+    result.notes += ctx.sets.notes
+    result.refused += [Refusal("cpusets", key, msg) for key, msg in ctx.sets.refused]
+    if not ctx.snap.topo.gpus():
+        result.notes.append(
+            "no GPU found on this host: PCIe tuning has nothing to do; CPU and IRQ work is still planned"
+        )
+    for tuner in all_tuners():
+        try:
+            tp = tuner.plan(ctx)
+        except errors.HostError as exc:
+            result.refused.append(Refusal(tuner.name, "*", f"could not read the host: {exc}"))
+            continue
+        result.changes += tp.changes
+        result.refused += tp.refused
+        result.notes += tp.notes
+        result.pending_boot += tp.pending_boot
+    return result

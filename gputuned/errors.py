@@ -1,0 +1,71 @@
+"""The one exception tree of gputuned.
+
+Host code translates ``OSError`` into these exactly once (see ``gputuned.host.translate``);
+everything above the host layer raises and catches only these. Every message says what the
+user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class GputunedError(Exception):
+    """Base of every error gputuned raises on purpose."""
+
+    #: CLI exit status when this error ends a command.
+    exit_code = 3
+
+
+class HostError(GputunedError):
+    """A read or write of the machine failed. ``path`` names the file, ``errno`` the cause."""
+
+    def __init__(self, message: str, *, path: str = "", errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
+class NotSupported(HostError):
+    """The kernel interface does not exist or does not support this operation here."""
+
+
+class PermissionDenied(HostError):
+    """The kernel (or file mode) refused the operation."""
+
+
+class TargetGone(HostError):
+    """The device, IRQ, process or cgroup disappeared between look-up and use."""
+
+
+class InvalidValue(HostError):
+    """The kernel rejected the value written."""
+
+
+class Busy(HostError):
+    """The target is busy (EBUSY); retry later or stop what holds it."""
+
+
+class NoSpace(HostError):
+    """A filesystem gputuned writes to is full (ENOSPC)."""
+
+
+class PathEscape(GputunedError):
+    """A path given to Host tried to leave the host root (``..`` or similar)."""
+
+
+class ProfileError(GputunedError):
+    """A profile is invalid. ``problems`` lists ``(key path, message)`` pairs."""
+
+    exit_code = 4
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: invalid profile; nothing was changed."]
+        lines += [f"  {key}: {msg}" for key, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class PlanError(GputunedError):
+    """The profile cannot be planned on this host at all (for example: no CPU left)."""
+
+    exit_code = 4

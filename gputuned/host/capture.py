@@ -1,0 +1,179 @@
+"""``gputunectl capture DIR``: copy what gputuned reads from a host into a tree ``--root`` accepts.
+
+The layout is described in docs/trees.md. Captures read through :class:`Host`, so capturing a
+tree into another tree works too (tests use that to check capture is complete).
+"""
+
+from __future__ import annotations
+
+import errno as E
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from gputuned import errors
+from gputuned.host.fs import TREE_META, Host
+from gputuned.host.nvml import read_gpus
+from gputuned.host.pci import ASPM_POLICY, DEVICES
+
+log = logging.getLogger(__name__)
+
+_PCI_ATTRS = (
+    "vendor", "device", "class", "subsystem_vendor", "subsystem_device", "revision", "numa_node",
+    "local_cpulist", "irq", "current_link_speed", "current_link_width", "max_link_speed",
+    "max_link_width", "enable",
+)  # fmt: skip
+_IRQ_FILES = ("smp_affinity", "smp_affinity_list", "effective_affinity_list")
+_CPU_FILES = ("online", "possible", "present", "isolated", "nohz_full")
+_CGROUP_FILES = (
+    "cgroup.controllers", "cgroup.subtree_control", "cgroup.type", "cpuset.cpus",
+    "cpuset.cpus.effective", "cpuset.cpus.exclusive", "cpuset.cpus.exclusive.effective",
+    "cpuset.cpus.partition", "cpuset.mems", "cpuset.mems.effective", "cpuset.cpu_exclusive",
+)  # fmt: skip
+_CGROUP_DEPTH = 3
+
+
+class _Writer:
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.files = 0
+
+    def put(self, hpath: str, data: bytes) -> None:
+        target = self.dest.joinpath(*[p for p in hpath.split("/") if p])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        self.files += 1
+
+    def link(self, hpath: str, target: str) -> None:
+        where = self.dest.joinpath(*[p for p in hpath.split("/") if p])
+        where.parent.mkdir(parents=True, exist_ok=True)
+        if where.is_symlink():
+            where.unlink()
+        where.symlink_to(target)
+
+
+def capture(
+    host: Host,
+    dest: Path,
+    *,
+    probe_writes: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, object]:
+    """Copy the host's relevant files to ``dest``; return the tree metadata written.
+
+    With ``probe_writes``, each IRQ affinity and the ASPM policy is written back unchanged (the
+    kernel treats an unchanged ASPM policy as a no-op; an IRQ gets the mask it already has) and
+    refusals are recorded in ``write_errors`` so the tree refuses the same writes.
+    """
+    if dest.exists() and any(dest.iterdir()):
+        raise errors.GputunedError(f"{dest} is not empty; capture into a new or empty directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    w = _Writer(dest)
+    say = progress or (lambda _msg: None)
+    write_errors: dict[str, str] = {}
+
+    say("PCI devices")
+    _capture_pci(host, w)
+    say("IRQs")
+    for name in ("cmdline", "interrupts", "mounts"):
+        _copy(host, w, f"/proc/{name}", _filter_mounts if name == "mounts" else None)
+    _copy(host, w, "/proc/irq/default_smp_affinity")
+    for irq in sorted((n for n in _list(host, "/proc/irq") if n.isdigit()), key=int):
+        for f in _IRQ_FILES:
+            _copy(host, w, f"/proc/irq/{irq}/{f}")
+        if probe_writes:
+            _probe(host, f"/proc/irq/{irq}/smp_affinity_list", write_errors)
+    say("CPUs and NUMA")
+    for f in _CPU_FILES:
+        _copy(host, w, f"/sys/devices/system/cpu/{f}")
+    _copy(host, w, "/sys/devices/system/node/online")
+    for node in _list(host, "/sys/devices/system/node"):
+        if re.fullmatch(r"node\d+", node):
+            _copy(host, w, f"/sys/devices/system/node/{node}/cpulist")
+    say("ASPM policy")
+    _copy(host, w, ASPM_POLICY)
+    if probe_writes and host.exists(ASPM_POLICY):
+        _probe(host, ASPM_POLICY, write_errors, policy=True)
+    say("cgroups")
+    _capture_cgroups(host, w, "/sys/fs/cgroup", 0)
+
+    nvml = read_gpus(host)
+    meta: dict[str, object] = {
+        "name": dest.name,
+        "source": "capture",
+        "note": f"captured by gputunectl capture from {host.root}",
+        "write_errors": write_errors,
+    }
+    if nvml is not None:
+        meta["nvml"] = [asdict(g) for g in nvml]
+    (dest / TREE_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    say(f"done: {w.files} files")
+    return meta
+
+
+def _list(host: Host, hpath: str) -> list[str]:
+    try:
+        return host.listdir(hpath)
+    except errors.HostError:
+        return []
+
+
+def _copy(
+    host: Host, w: _Writer, hpath: str, transform: Callable[[bytes], bytes] | None = None
+) -> None:
+    try:
+        data = host.read_bytes(hpath)
+    except errors.HostError as exc:
+        log.debug("capture: skip %s: %s", hpath, exc)
+        return
+    w.put(hpath, transform(data) if transform else data)
+
+
+def _filter_mounts(data: bytes) -> bytes:
+    keep = [ln for ln in data.decode().splitlines() if ln.split()[2:3] in (["cgroup"], ["cgroup2"])]
+    return ("\n".join(keep) + "\n").encode() if keep else b""
+
+
+def _capture_pci(host: Host, w: _Writer) -> None:
+    for bdf in _list(host, DEVICES):
+        real = host.resolve(f"{DEVICES}/{bdf}")
+        w.link(f"{DEVICES}/{bdf}", os.path.relpath(real, DEVICES))
+        _copy(host, w, f"{real}/config")
+        for attr in _PCI_ATTRS:
+            _copy(host, w, f"{real}/{attr}")
+        for irq in _list(host, f"{real}/msi_irqs"):
+            _copy(host, w, f"{real}/msi_irqs/{irq}")
+        for f in _list(host, f"{real}/link"):
+            _copy(host, w, f"{real}/link/{f}")
+        if host.exists(f"{real}/driver"):
+            drv = host.resolve(f"{real}/driver")
+            w.link(f"{real}/driver", os.path.relpath(drv, real))
+
+
+def _capture_cgroups(host: Host, w: _Writer, hpath: str, depth: int) -> None:
+    names = _list(host, hpath)
+    for f in _CGROUP_FILES:
+        if f in names:
+            _copy(host, w, f"{hpath}/{f}")
+    if depth >= _CGROUP_DEPTH:
+        return
+    for name in names:
+        sub = f"{hpath}/{name}"
+        if host.is_dir(sub) and not host.path(sub).is_symlink():
+            _capture_cgroups(host, w, sub, depth + 1)
+
+
+def _probe(host: Host, hpath: str, found: dict[str, str], *, policy: bool = False) -> None:
+    try:
+        value = host.read_value(hpath)
+        if policy:
+            m = re.search(r"\[(\w+)\]", value)
+            value = m.group(1) if m else value
+        host.write_text(hpath, value)
+    except errors.HostError as exc:
+        if exc.errno in (E.EPERM, E.EIO, E.EACCES, E.EINVAL):
+            found[hpath] = E.errorcode[exc.errno]

@@ -1,0 +1,90 @@
+"""NVML adapter: GPU names, utilisation and processes as plain data.
+
+NVML is optional. Any failure to load or initialise it (no driver, no library, a tree rather
+than the live host) yields ``None``, and callers carry on with what sysfs says.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gputuned.host.fs import Host
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    index: int
+    bdf: str  # lower-case, 4-digit domain, as sysfs names it
+    name: str
+    utilization_gpu: int | None  # percent over the driver's last sample period
+    pids: tuple[int, ...]  # compute and graphics processes using it
+
+
+def _norm_bdf(bus_id: str) -> str:
+    # NVML prints "00000000:00:06.0" (8-digit domain); sysfs uses 4 digits.
+    dom, bus, devfn = bus_id.lower().split(":")
+    return f"{int(dom, 16):04x}:{bus}:{devfn}"
+
+
+def read_gpus(host: Host) -> list[NvmlGpu] | None:
+    """GPUs as NVML sees them, or ``None`` when NVML is unavailable.
+
+    On a tree, what NVML said at capture time (``nvml`` in gputuned-tree.json), if anything.
+    """
+    if not host.live:
+        saved = host.meta.get("nvml")
+        if not isinstance(saved, list):
+            return None
+        return [
+            NvmlGpu(
+                g["index"], g["bdf"], g["name"], g.get("utilization_gpu"), tuple(g.get("pids", ()))
+            )
+            for g in saved
+        ]
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pynvml raises NVMLError subclasses for every cause
+        log.debug("nvml: not available: %s", exc)
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            bus = bus.decode() if isinstance(bus, bytes) else bus
+            try:
+                util: int | None = int(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            except Exception:
+                util = None
+            pids: set[int] = set()
+            for getter in (
+                "nvmlDeviceGetComputeRunningProcesses",
+                "nvmlDeviceGetGraphicsRunningProcesses",
+            ):
+                try:
+                    pids.update(p.pid for p in getattr(pynvml, getter)(h))
+                except Exception as exc:
+                    log.debug("nvml: %s failed for GPU %d: %s", getter, i, exc)
+            out.append(
+                NvmlGpu(
+                    i,
+                    _norm_bdf(bus),
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    util,
+                    tuple(sorted(pids)),
+                )
+            )
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvml: shutdown failed: %s", exc)

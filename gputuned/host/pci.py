@@ -1,0 +1,240 @@
+"""PCI devices as sysfs shows them: config space, path to the root port, NUMA, IRQs, ASPM.
+
+sysfs layout (Documentation/ABI/testing/sysfs-bus-pci): ``/sys/bus/pci/devices/<BDF>`` links to
+``/sys/devices/pci<domain>:<bus>/<BDF of root port>/.../<BDF>``; the directory chain is the PCI
+hierarchy, so the path from an endpoint to its root port is read off the resolved directory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gputuned import errors
+from gputuned.cpulist import parse_cpulist
+from gputuned.host.fs import Host
+from gputuned.host.pciconfig import ConfigSpace, parse_config
+
+DEVICES = "/sys/bus/pci/devices"
+ASPM_POLICY = "/sys/module/pcie_aspm/parameters/policy"
+#: Per-link ASPM attributes (drivers/pci/pcie/aspm.c, Linux 5.5+), under <device>/link/.
+LINK_ASPM_FILES = (
+    "clkpm",
+    "l0s_aspm",
+    "l1_aspm",
+    "l1_1_aspm",
+    "l1_2_aspm",
+    "l1_1_pcipm",
+    "l1_2_pcipm",
+)
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+GPU_VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD"}
+
+
+@dataclass(frozen=True)
+class IrqInfo:
+    irq: int
+    affinity: frozenset[int] | None  # None: no /proc/irq/N (not yet requested)
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function with what gputuned needs to know about it."""
+
+    bdf: str
+    sysfs: str  # resolved host path of the device directory
+    config: ConfigSpace
+    numa_node: int | None
+    local_cpus: frozenset[int] | None
+    parent: str | None  # BDF of the upstream bridge, None at a root bus
+    driver: str | None
+    irqs: tuple[IrqInfo, ...]
+    link_aspm: dict[str, str] = field(default_factory=dict)  # per-link ASPM files present
+
+    @property
+    def vendor(self) -> int:
+        return self.config.vendor
+
+    @property
+    def device(self) -> int:
+        return self.config.device
+
+    @property
+    def is_gpu(self) -> bool:
+        # Class 03 (display controller): 0300 VGA, 0302 3D controller (datacentre GPUs).
+        return (self.config.class_code >> 16) == 0x03 and self.vendor in GPU_VENDORS
+
+
+@dataclass(frozen=True)
+class AspmPolicy:
+    """The global ASPM policy and whether the OS may change it, with the reason if not."""
+
+    value: str | None
+    choices: tuple[str, ...]
+    writable: bool | None  # None: unknown until a write is tried
+    reason: str
+
+
+@dataclass(frozen=True)
+class PciTopology:
+    devices: dict[str, PciDevice]
+
+    def path(self, bdf: str) -> list[PciDevice]:
+        """Functions from ``bdf`` up to its root port (or to the root bus), endpoint first."""
+        out: list[PciDevice] = []
+        cur: str | None = bdf
+        while cur is not None and cur in self.devices:
+            out.append(self.devices[cur])
+            cur = self.devices[cur].parent
+        return out
+
+    def path_max_mps(self, bdf: str) -> int | None:
+        """Highest MPS every function on the path supports: the minimum DevCap MPS.
+
+        A receiver treats a TLP larger than its MPS as malformed (PCIe r6.0 2.2.2), so one
+        setting must fit every hop from the root port down (cf. pcie_bus_safe in
+        drivers/pci/probe.c).
+        """
+        caps = [d.config.pcie.mps_supported for d in self.path(bdf) if d.config.pcie]
+        return min(caps) if caps else None
+
+    def subtree(self, bdf: str) -> list[PciDevice]:
+        """``bdf`` and every function below it."""
+        return [d for d in self.devices.values() if any(p.bdf == bdf for p in self.path(d.bdf))]
+
+    def hierarchy_max_mps(self, bdf: str) -> int | None:
+        """Highest MPS usable anywhere under ``bdf``'s root port: the minimum over that tree.
+
+        Bridges on a GPU's path also forward TLPs to the GPU's siblings, so a shared port can
+        only run the smallest MPS of any device below it (the kernel's pcie_bus_safe rule).
+        """
+        path = self.path(bdf)
+        if not path:
+            return None
+        caps = [d.config.pcie.mps_supported for d in self.subtree(path[-1].bdf) if d.config.pcie]
+        return min(caps) if caps else None
+
+    def gpus(self) -> list[PciDevice]:
+        return [d for d in self.devices.values() if d.is_gpu]
+
+    def pcie_functions(self) -> list[PciDevice]:
+        return [d for d in self.devices.values() if d.config.pcie is not None]
+
+
+def scan(host: Host) -> PciTopology:
+    """Read every PCI function under /sys/bus/pci/devices."""
+    devices: dict[str, PciDevice] = {}
+    try:
+        names = host.listdir(DEVICES)
+    except errors.TargetGone:
+        return PciTopology({})
+    for bdf in names:
+        if _BDF.match(bdf):
+            devices[bdf] = _read_device(host, bdf)
+    return PciTopology(devices)
+
+
+def _read_device(host: Host, bdf: str) -> PciDevice:
+    sysfs = host.resolve(f"{DEVICES}/{bdf}")
+    config = parse_config(host.read_bytes(f"{sysfs}/config"))
+    parts = sysfs.split("/")
+    parent = parts[-2] if len(parts) >= 2 and _BDF.match(parts[-2]) else None
+    numa_raw = host.read_optional(f"{sysfs}/numa_node")
+    numa = int(numa_raw) if numa_raw is not None and int(numa_raw) >= 0 else None
+    local_raw = host.read_optional(f"{sysfs}/local_cpulist")
+    driver = None
+    if host.exists(f"{sysfs}/driver"):
+        driver = host.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
+    return PciDevice(
+        bdf=bdf,
+        sysfs=sysfs,
+        config=config,
+        numa_node=numa,
+        local_cpus=parse_cpulist(local_raw) if local_raw is not None else None,
+        parent=parent,
+        driver=driver,
+        irqs=tuple(read_irq(host, n) for n in _msi_irqs(host, sysfs)),
+        link_aspm=_link_files(host, sysfs),
+    )
+
+
+def _msi_irqs(host: Host, sysfs: str) -> list[int]:
+    if not host.is_dir(f"{sysfs}/msi_irqs"):
+        return []
+    return sorted(int(n) for n in host.listdir(f"{sysfs}/msi_irqs") if n.isdigit())
+
+
+def _link_files(host: Host, sysfs: str) -> dict[str, str]:
+    link = f"{sysfs}/link"
+    if not host.is_dir(link):
+        return {}
+    out = {}
+    for name in host.listdir(link):
+        if name in LINK_ASPM_FILES:
+            out[name] = host.read_value(f"{link}/{name}")
+    return out
+
+
+def read_irq(host: Host, irq: int) -> IrqInfo:
+    raw = host.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
+    return IrqInfo(irq, parse_cpulist(raw) if raw is not None else None)
+
+
+def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
+    """The ASPM policy and, without writing, whether the OS owns ASPM here and why not.
+
+    The kernel refuses policy writes with EPERM when ``aspm_disabled`` is set: firmware kept
+    ASPM (ACPI FADT "ASPM unsupported", or _OSC did not grant PCIe capability control) or
+    ``pcie_aspm=off`` was given (drivers/pci/pcie/aspm.c, pcie_aspm_set_policy). On a tree, the
+    error recorded at capture time stands in for the kernel's answer.
+    """
+    raw = host.read_optional(ASPM_POLICY)
+    if raw is None:
+        return AspmPolicy(
+            None, (), False, "this kernel has no PCIe ASPM support (CONFIG_PCIEASPM off)"
+        )
+    choices = tuple(w.strip("[]") for w in raw.split())
+    m = re.search(r"\[(\w+)\]", raw)
+    value = m.group(1) if m else None
+    args = cmdline.split()
+    if "pcie_aspm=off" in args:
+        return AspmPolicy(value, choices, False, "pcie_aspm=off on the kernel command line")
+    if any(f.path == ASPM_POLICY and f.op == "write" for f in host.faults):
+        return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
+    if host.live and value is not None:
+        # Ask the kernel: writing the current policy back returns before changing anything when
+        # the OS owns ASPM ("if (i == aspm_policy) return 0") and EPERM when it does not.
+        try:
+            host.write_text(ASPM_POLICY, value)
+        except errors.PermissionDenied:
+            return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
+        except errors.HostError as exc:
+            return AspmPolicy(value, choices, None, f"policy write test failed: {exc}")
+        return AspmPolicy(
+            value, choices, True, "the OS controls ASPM (the kernel accepts the policy)"
+        )
+    if any(d.link_aspm for d in topo.devices.values()):
+        return AspmPolicy(
+            value, choices, True, "the OS controls ASPM (per-link ASPM files present)"
+        )
+    if any(d.config.pcie and d.config.pcie.aspm_supported for d in topo.devices.values()):
+        # Links that advertise ASPM but have no per-link files: either firmware kept ASPM or the
+        # device sits on a root bus with no upstream port (as in many VMs), where the kernel
+        # keeps no link state at all.
+        return AspmPolicy(value, choices, None, _UNKNOWN_REASON)
+    return AspmPolicy(value, choices, None, "no PCIe link here advertises ASPM")
+
+
+_FIRMWARE_REASON = (
+    "firmware owns ASPM (ACPI FADT says ASPM unsupported, or _OSC did not grant control): "
+    "the kernel refuses policy writes with EPERM; change it in the BIOS/hypervisor, not here"
+)
+_UNKNOWN_REASON = (
+    "links advertise ASPM but none has per-link ASPM files: firmware may own ASPM, or the "
+    "devices sit on a root bus with no port above them; a write will tell"
+)
+
+
+def read_cmdline(host: Host) -> str:
+    return host.read_optional("/proc/cmdline") or ""

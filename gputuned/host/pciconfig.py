@@ -1,0 +1,220 @@
+"""Pure parsing of PCI configuration space bytes.
+
+Offsets and bit fields follow the PCI Express Base Specification (r6.0, section 7.5.3,
+"PCI Express Capability Structure") and Linux ``include/uapi/linux/pci_regs.h``; field names
+mirror what ``lspci -vv`` prints (DevCap, DevCtl, LnkCap, LnkCtl, LnkSta).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# Standard capability IDs (pci_regs.h PCI_CAP_ID_*).
+CAP_PM = 0x01
+CAP_MSI = 0x05
+CAP_EXP = 0x10
+CAP_MSIX = 0x11
+
+# Device/port types in the PCIe Capabilities register, bits 7:4 (PCI_EXP_TYPE_*).
+PORT_TYPES = {
+    0x0: "endpoint",
+    0x1: "legacy-endpoint",
+    0x4: "root-port",
+    0x5: "upstream-port",
+    0x6: "downstream-port",
+    0x7: "pcie-to-pci-bridge",
+    0x8: "pci-to-pcie-bridge",
+    0x9: "rc-integrated-endpoint",
+    0xA: "rc-event-collector",
+}
+# Types without a link (lspci's cap_express sets link = 0 for these).
+_NO_LINK = {0x9, 0xA}
+
+#: Link speed encodings of LnkCap/LnkSta bits 3:0 in GT/s (PCI_EXP_LNKCAP_SLS_*).
+LINK_SPEEDS_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+ASPM_NAMES = {0: (), 1: ("L0s",), 2: ("L1",), 3: ("L0s", "L1")}
+
+# Register offsets inside the PCIe capability.
+DEVCAP, DEVCTL, DEVSTA, LNKCAP, LNKCTL, LNKSTA = 0x04, 0x08, 0x0A, 0x0C, 0x10, 0x12
+
+
+def payload_bytes(code: int) -> int:
+    """MPS/MRRS encoding 0..5 -> 128..4096 bytes. 6 and 7 are reserved (PCIe r6.0 7.5.3.4)."""
+    if not 0 <= code <= 5:
+        raise ValueError(f"payload size encoding {code} is reserved")
+    return 128 << code
+
+
+def payload_code(size: int) -> int:
+    """128..4096 bytes (a power of two) -> the 3-bit register encoding."""
+    if size not in (128, 256, 512, 1024, 2048, 4096):
+        raise ValueError(f"{size} is not a valid payload size (128, 256, ..., 4096 bytes)")
+    return size.bit_length() - 8
+
+
+@dataclass(frozen=True)
+class PcieCap:
+    """The PCI Express capability of one function, decoded from its registers."""
+
+    offset: int
+    version: int
+    port_type: int
+    devcap: int
+    devctl: int
+    lnkcap: int
+    lnkctl: int
+    lnksta: int
+
+    @property
+    def port_type_name(self) -> str:
+        return PORT_TYPES.get(self.port_type, f"type-{self.port_type:#x}")
+
+    @property
+    def has_link(self) -> bool:
+        return self.port_type not in _NO_LINK
+
+    # DevCap / DevCtl
+    @property
+    def mps_supported(self) -> int:
+        return payload_bytes(self.devcap & 0x7)
+
+    @property
+    def mps(self) -> int:
+        return payload_bytes((self.devctl >> 5) & 0x7)
+
+    @property
+    def mrrs_code(self) -> int:
+        return (self.devctl >> 12) & 0x7
+
+    @property
+    def mrrs(self) -> int | None:
+        """Max Read Request Size in bytes; ``None`` for the reserved encodings 6 and 7."""
+        code = self.mrrs_code
+        return payload_bytes(code) if code <= 5 else None
+
+    @property
+    def relaxed_ordering(self) -> bool:
+        return bool(self.devctl & 0x10)
+
+    @property
+    def no_snoop(self) -> bool:
+        return bool(self.devctl & 0x800)
+
+    # LnkCap / LnkCtl / LnkSta
+    @property
+    def cap_speed_gts(self) -> float | None:
+        return LINK_SPEEDS_GTS.get(self.lnkcap & 0xF) if self.has_link else None
+
+    @property
+    def cap_width(self) -> int | None:
+        return (self.lnkcap >> 4) & 0x3F if self.has_link else None
+
+    @property
+    def aspm_supported(self) -> tuple[str, ...]:
+        return ASPM_NAMES[(self.lnkcap >> 10) & 0x3] if self.has_link else ()
+
+    @property
+    def aspm_enabled(self) -> tuple[str, ...]:
+        return ASPM_NAMES[self.lnkctl & 0x3] if self.has_link else ()
+
+    @property
+    def speed_gts(self) -> float | None:
+        return LINK_SPEEDS_GTS.get(self.lnksta & 0xF) if self.has_link else None
+
+    @property
+    def width(self) -> int | None:
+        return (self.lnksta >> 4) & 0x3F if self.has_link else None
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """Decoded header and capability lists of one PCI function."""
+
+    raw: bytes
+    vendor: int
+    device: int
+    class_code: int
+    header_type: int
+    caps: tuple[tuple[int, int], ...]  # (capability id, offset)
+    ext_caps: tuple[tuple[int, int, int], ...]  # (extended id, version, offset)
+    pcie: PcieCap | None
+    msix_table_size: int | None
+    msi_present: bool
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.header_type == 1
+
+    def dword(self, offset: int) -> int:
+        return int(struct.unpack_from("<I", self.raw, offset)[0])
+
+
+def _u16(raw: bytes, off: int) -> int:
+    return int(struct.unpack_from("<H", raw, off)[0])
+
+
+def _u32(raw: bytes, off: int) -> int:
+    return int(struct.unpack_from("<I", raw, off)[0])
+
+
+def parse_config(raw: bytes) -> ConfigSpace:
+    """Decode a config space dump (64, 256 or 4096 bytes, as sysfs ``config`` returns)."""
+    if len(raw) < 64:
+        raise ValueError(f"config space is {len(raw)} bytes; need at least the 64-byte header")
+    vendor, device = _u16(raw, 0x00), _u16(raw, 0x02)
+    status = _u16(raw, 0x06)
+    class_code = _u32(raw, 0x08) >> 8
+    header_type = raw[0x0E] & 0x7F
+    caps: list[tuple[int, int]] = []
+    # Capability list (PCI_STATUS_CAP_LIST); pointers are dword aligned, low 2 bits reserved.
+    if status & 0x10 and len(raw) >= 256:
+        ptr = raw[0x34] & 0xFC
+        seen: set[int] = set()
+        while ptr >= 0x40 and ptr not in seen and ptr + 1 < len(raw):
+            seen.add(ptr)
+            caps.append((raw[ptr], ptr))
+            ptr = raw[ptr + 1] & 0xFC
+    pcie = None
+    msix_size = None
+    for cap_id, off in caps:
+        if cap_id == CAP_EXP and pcie is None:
+            flags = _u16(raw, off + 2)
+            port_type = (flags >> 4) & 0xF
+            has_link = port_type not in _NO_LINK
+            pcie = PcieCap(
+                offset=off,
+                version=flags & 0xF,
+                port_type=port_type,
+                devcap=_u32(raw, off + DEVCAP),
+                devctl=_u16(raw, off + DEVCTL),
+                lnkcap=_u32(raw, off + LNKCAP) if has_link else 0,
+                lnkctl=_u16(raw, off + LNKCTL) if has_link else 0,
+                lnksta=_u16(raw, off + LNKSTA) if has_link else 0,
+            )
+        elif cap_id == CAP_MSIX and msix_size is None:
+            msix_size = (_u16(raw, off + 2) & 0x7FF) + 1
+    ext: list[tuple[int, int, int]] = []
+    if pcie is not None and len(raw) >= 4096:
+        off = 0x100
+        seen_ext: set[int] = set()
+        while off >= 0x100 and off not in seen_ext and off + 4 <= len(raw):
+            seen_ext.add(off)
+            hdr = _u32(raw, off)
+            if hdr in (0, 0xFFFFFFFF):
+                break
+            ext.append((hdr & 0xFFFF, (hdr >> 16) & 0xF, off))
+            off = (hdr >> 20) & 0xFFC
+    return ConfigSpace(
+        raw=bytes(raw),
+        vendor=vendor,
+        device=device,
+        class_code=class_code,
+        header_type=header_type,
+        caps=tuple(caps),
+        ext_caps=tuple(ext),
+        pcie=pcie,
+        msix_table_size=msix_size,
+        msi_present=any(c == CAP_MSI for c, _ in caps),
+    )

@@ -1,0 +1,93 @@
+"""Processes and threads read from /proc/PID (proc(5)), through Host so trees can hold them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gputuned import errors
+from gputuned.cpulist import parse_cpulist
+from gputuned.host.fs import Host
+
+#: sched policies by number (include/uapi/linux/sched.h SCHED_*).
+POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    tid: int
+    comm: str
+    nice: int
+    policy: str
+    rt_priority: int
+    affinity: frozenset[int]
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process. ``start_time`` (clock ticks since boot) plus ``pid`` is its identity."""
+
+    pid: int
+    start_time: int
+    comm: str
+    exe: str | None
+    cmdline: str
+    cgroup: str  # the cgroup v2 path ("0::/..." line); "" when none
+    threads: tuple[ThreadInfo, ...]
+
+
+def list_pids(host: Host) -> list[int]:
+    return sorted(int(n) for n in host.listdir("/proc") if n.isdigit())
+
+
+def _stat_fields(text: str) -> tuple[str, list[str]]:
+    # comm is in parentheses and may itself contain spaces and ')': split at the last ')'.
+    head, _, rest = text.rpartition(")")
+    return head.partition("(")[2], rest.split()
+
+
+def _read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
+    comm, f = _stat_fields(host.read_text(f"{base}/stat"))
+    # After comm, fields are numbered from 3 (state): nice is field 19, rt_priority 40, policy 41.
+    nice, rt_prio, policy = int(f[19 - 3]), int(f[40 - 3]), int(f[41 - 3])
+    allowed = ""
+    for line in host.read_text(f"{base}/status").splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            allowed = line.split(":", 1)[1]
+    return ThreadInfo(
+        tid, comm, nice, POLICIES.get(policy, str(policy)), rt_prio, parse_cpulist(allowed)
+    )
+
+
+def read_process(host: Host, pid: int) -> ProcInfo:
+    """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile."""
+    base = f"/proc/{pid}"
+    comm, f = _stat_fields(host.read_text(f"{base}/stat"))
+    start = int(f[22 - 3])
+    try:
+        exe: str | None = host.readlink(f"{base}/exe")
+    except errors.HostError:
+        exe = None  # kernel threads have no exe; another user's needs privilege
+    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
+    cgroup = ""
+    for line in host.read_text(f"{base}/cgroup").splitlines():
+        if line.startswith("0::"):
+            cgroup = line[3:]
+    tids = sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit())
+    threads = []
+    for tid in tids:
+        try:
+            threads.append(_read_thread(host, f"{base}/task/{tid}", tid))
+        except errors.TargetGone:
+            continue  # the thread exited between listing and reading
+    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(threads))
+
+
+def iter_processes(host: Host) -> list[ProcInfo]:
+    """Every process readable now; those that exit while being read are skipped."""
+    out = []
+    for pid in list_pids(host):
+        try:
+            out.append(read_process(host, pid))
+        except (errors.TargetGone, errors.PermissionDenied):
+            continue
+    return out

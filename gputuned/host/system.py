@@ -1,0 +1,141 @@
+"""CPUs, NUMA nodes, IRQs and cgroup layout as the kernel shows them under /sys and /proc."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gputuned import errors
+from gputuned.cpulist import parse_cpulist, parse_mask
+from gputuned.host.fs import Host
+from gputuned.host.nvml import NvmlGpu
+from gputuned.host.pci import PciTopology
+from gputuned.topology import GpuRef, HostCpus
+
+CPU_DIR = "/sys/devices/system/cpu"
+NODE_DIR = "/sys/devices/system/node"
+CGROUP_MNT = "/sys/fs/cgroup"
+
+
+def read_host_cpus(host: Host, topo: PciTopology, nvml: list[NvmlGpu] | None) -> HostCpus:
+    """Online CPUs, NUMA nodes and GPUs (NVML order when NVML answered, else BDF order)."""
+    online = parse_cpulist(host.read_value(f"{CPU_DIR}/online"))
+    numa: dict[int, frozenset[int]] = {}
+    if host.is_dir(NODE_DIR):
+        for name in host.listdir(NODE_DIR):
+            m = re.fullmatch(r"node(\d+)", name)
+            if m:
+                numa[int(m.group(1))] = parse_cpulist(host.read_value(f"{NODE_DIR}/{name}/cpulist"))
+    gpus = topo.gpus()
+    names: dict[str, tuple[int, str]] = {}
+    if nvml:
+        names = {g.bdf: (g.index, g.name) for g in nvml}
+        gpus.sort(key=lambda d: names.get(d.bdf, (1 << 30, ""))[0])
+    refs = tuple(
+        GpuRef(
+            index=i,
+            bdf=d.bdf,
+            numa_node=d.numa_node,
+            local_cpus=(d.local_cpus or online) & online,
+            name=names.get(d.bdf, (i, ""))[1],
+        )
+        for i, d in enumerate(gpus)
+    )
+    return HostCpus(
+        online=online,
+        numa=numa,
+        gpus=refs,
+        isolated=parse_cpulist(host.read_optional(f"{CPU_DIR}/isolated") or ""),
+        nohz_full=parse_cpulist(host.read_optional(f"{CPU_DIR}/nohz_full") or ""),
+    )
+
+
+@dataclass(frozen=True)
+class Irq:
+    """One line of /proc/interrupts with a number, and its affinity."""
+
+    irq: int
+    chip: str
+    name: str  # the action names, e.g. "nvidia" or "virtio0-requests.0"
+    affinity: frozenset[int] | None
+    counts: tuple[int, ...]
+
+
+def read_interrupts(host: Host) -> list[Irq]:
+    """Numbered IRQs from /proc/interrupts (kernel/irq/proc.c show_interrupts)."""
+    text = host.read_text("/proc/interrupts")
+    lines = text.splitlines()
+    if not lines:
+        return []
+    ncpu = len(lines[0].split())
+    out = []
+    for line in lines[1:]:
+        head, _, rest = line.partition(":")
+        if not head.strip().isdigit():
+            continue
+        fields = rest.split()
+        counts = tuple(int(x) for x in fields[:ncpu] if x.isdigit())
+        tail = fields[len(counts) :]
+        irq = int(head)
+        chip = tail[0] if tail else ""
+        name = " ".join(tail[2:]) if len(tail) > 2 else ""
+        aff = host.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
+        out.append(Irq(irq, chip, name, parse_cpulist(aff) if aff is not None else None, counts))
+    return out
+
+
+def read_default_affinity(host: Host) -> frozenset[int] | None:
+    raw = host.read_optional("/proc/irq/default_smp_affinity")
+    return parse_mask(raw) if raw is not None else None
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """Which cgroup hierarchy the host runs and whether v2 cpuset partitions are possible."""
+
+    mode: str  # "v2", "hybrid", "v1" or "none"
+    v2_mount: str | None
+    v2_controllers: frozenset[str]
+    v2_subtree: frozenset[str]
+
+    @property
+    def partitions_possible(self) -> bool:
+        return self.mode == "v2" and "cpuset" in self.v2_controllers
+
+    @property
+    def why_no_partitions(self) -> str:
+        if self.partitions_possible:
+            return ""
+        if self.mode in ("v1", "hybrid"):
+            return (
+                f"cgroup {self.mode} host: the cpuset controller is on cgroup v1, where "
+                "partitions do not exist; boot with systemd.unified_cgroup_hierarchy=1 for v2"
+            )
+        if self.mode == "v2":
+            return "cgroup v2 without the cpuset controller (not in cgroup.controllers)"
+        return "no cgroup filesystem mounted"
+
+
+def read_cgroup_layout(host: Host) -> CgroupLayout:
+    """Read /proc/mounts: a cgroup2 mount at /sys/fs/cgroup is v2; v1 mounts beside it, hybrid."""
+    try:
+        mounts = host.read_text("/proc/mounts").splitlines()
+    except errors.TargetGone:
+        mounts = []
+    v1 = False
+    v2_mount = None
+    for line in mounts:
+        f = line.split()
+        if len(f) < 3:
+            continue
+        if f[2] == "cgroup2":
+            v2_mount = f[1] if v2_mount is None or f[1] == CGROUP_MNT else v2_mount
+        elif f[2] == "cgroup":
+            v1 = True
+    if v2_mount is None:
+        return CgroupLayout("v1" if v1 else "none", None, frozenset(), frozenset())
+    ctrl = host.read_optional(f"{v2_mount}/cgroup.controllers") or ""
+    sub = host.read_optional(f"{v2_mount}/cgroup.subtree_control") or ""
+    return CgroupLayout(
+        "hybrid" if v1 else "v2", v2_mount, frozenset(ctrl.split()), frozenset(sub.split())
+    )

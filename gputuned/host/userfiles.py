@@ -1,0 +1,21 @@
+"""Files a user names on the command line or in a profile (profiles and their includes).
+
+These are not part of the tuned host tree, so they are read directly rather than through
+:class:`~gputuned.host.Host` and its root; this module keeps the one ``open`` out of the
+profile layer, which never touches the machine itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gputuned.errors import ProfileError
+
+
+def read_user_file(path: str | Path) -> bytes:
+    """Return the bytes of ``path``; a failure becomes a :class:`ProfileError` naming it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ProfileError(str(path), [("", f"cannot read: {reason}; check the path")]) from exc

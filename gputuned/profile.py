@@ -1,0 +1,792 @@
+"""A profile is a TOML file that says what gputuned should do on a host.
+
+Each table configures one tuner and is named after it (`[irq]`, `[cpuset]`, ...); a tuner whose
+table is absent does nothing. CPUs are never written as numbers in the tuner tables: they name
+sets defined under `[cpusets]`, which are resolved on each host (a GPU's local CPUs, a NUMA
+node, ...), so one profile fits hosts of different shapes.
+
+Includes: `include = ["base.toml"]` loads those files first (paths relative to the including
+file), then this file's keys override theirs. Tables are merged key by key, except that a set
+under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
+arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot
+remove a key; override it with `"keep"` where the key allows that. Include cycles are rejected.
+
+Checking: every problem is reported at once, with its key path (`process[1].priority`) and what
+is allowed there; nothing is changed while a profile is invalid. Unknown keys are errors, so a
+misspelt key cannot be silently ignored. Checks that depend on the host (does GPU 0 exist, do
+two sets overlap once resolved) run when the profile is planned on that host.
+
+`gputunectl schema` prints the JSON schema of a profile, for editors that complete TOML.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import posixpath
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist
+from gputuned.errors import PlanError, ProfileError
+from gputuned.host.userfiles import read_user_file
+from gputuned.topology import HostCpus
+from gputuned.tuners import bootargs, cpuset, irq, pcie_aspm, pcie_payload, process
+from gputuned.tuners.bootargs import Config as BootargsConfig
+from gputuned.tuners.cpuset import Config as CpusetConfig
+from gputuned.tuners.irq import Config as IrqConfig
+from gputuned.tuners.pcie_aspm import Config as PcieAspmConfig
+from gputuned.tuners.pcie_payload import Config as PciePayloadConfig
+from gputuned.tuners.process import Config as ProcessConfig
+
+_SET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_MAX_INCLUDE_DEPTH = 16
+_PARTITION_MODES = ("isolated", "root")
+
+Problems = list[tuple[str, str]]
+
+
+class CpuSetSpec(BaseModel):
+    """One named CPU set: exactly one base, minus the sets in `exclude`, trimmed to `count`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: StrictStr | None = Field(default=None, description="Base: a CPU list such as '0-3,8'.")
+    gpu_local: StrictInt | None = Field(
+        default=None, ge=0, description="Base: the NUMA-local CPUs of the GPU with this index."
+    )
+    numa_node: StrictInt | None = Field(
+        default=None, ge=0, description="Base: the CPUs of this NUMA node."
+    )
+    all: Literal[True] | None = Field(default=None, description="Base: every online CPU.")
+    exclude: tuple[StrictStr, ...] = Field(
+        default=(), description="Names of other sets whose CPUs are removed from this one."
+    )
+    count: StrictInt | None = Field(
+        default=None, ge=1, description="Keep at most the lowest N CPUs left after exclude."
+    )
+    fallback_all: StrictBool = Field(
+        default=True,
+        description=(
+            "With gpu_local, on a host without that GPU: use all online CPUs and say so in "
+            "the plan. With false, planning fails instead."
+        ),
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpulist(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                cpus = parse_cpulist(value)
+            except CpuListError as exc:
+                raise ValueError(str(exc)) from None
+            if not cpus:
+                raise ValueError("names no CPUs; give at least one, e.g. '0'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_base(self) -> CpuSetSpec:
+        given = [
+            k for k in ("cpus", "gpu_local", "numa_node", "all") if getattr(self, k) is not None
+        ]
+        if len(given) != 1:
+            found = " and ".join(given) if given else "none"
+            raise ValueError(
+                f"give exactly one base: cpus, gpu_local, numa_node or all = true (found {found})"
+            )
+        return self
+
+
+class Profile(BaseModel):
+    """A whole profile, after includes are merged. Every instance has passed the cross checks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: StrictStr = Field(min_length=1, description="Name of the profile, shown in reports.")
+    description: StrictStr = Field(default="", description="What the profile is for.")
+    include: tuple[StrictStr, ...] = Field(
+        default=(),
+        description="Profiles loaded first (paths relative to this file); this one overrides them.",
+    )
+    cpusets: dict[str, CpuSetSpec] = Field(
+        default_factory=dict,
+        description="Named CPU sets ([cpusets.<name>]); the tuner tables refer to them by name.",
+    )
+    pcie_aspm: PcieAspmConfig | None = Field(default=None, description="PCIe ASPM on GPU links.")
+    pcie_payload: PciePayloadConfig | None = Field(
+        default=None, description="PCIe MPS and MRRS on GPU paths."
+    )
+    irq: IrqConfig | None = Field(default=None, description="IRQ affinity.")
+    cpuset: CpusetConfig | None = Field(default=None, description="cgroup v2 CPU partition.")
+    process: tuple[ProcessConfig, ...] = Field(
+        default=(), description="Process rules, one [[process]] table each."
+    )
+    bootargs: BootargsConfig | None = Field(default=None, description="Kernel boot arguments.")
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Profile:
+        # Raised as ProfileError, which pydantic lets through; parse_profile adds the file name.
+        problems = _check_profile(self)
+        if problems:
+            raise ProfileError("<profile>", problems)
+        return self
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read, merge (includes) and check the profile at ``path``; raise ProfileError if invalid."""
+    path = Path(path)
+    data, includes = _load_tree(path, read_user_file(path), ())
+    if includes:
+        data["include"] = includes
+    return parse_profile(data, str(path))
+
+
+def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
+    """Check already-parsed TOML data; problems become one ProfileError naming ``source``."""
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(source, _problems_from(exc)) from None
+    except ProfileError as exc:
+        raise ProfileError(source, exc.problems) from None
+
+
+def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[str, Any], list[str]]:
+    data = _parse_toml(path, raw)
+    includes = data.pop("include", [])
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ProfileError(
+            str(path), [("include", "expected an array of file names, e.g. ['shared-host.toml']")]
+        )
+    here = (*chain, path)
+    merged: dict[str, Any] = {}
+    for i, name in enumerate(includes):
+        target = path.parent / name
+        if _identity(target) in {_identity(p) for p in here}:
+            cycle = " -> ".join(str(p) for p in (*here, target))
+            raise ProfileError(
+                str(path), [(f"include[{i}]", f"include cycle: {cycle}; remove one of these")]
+            )
+        if len(here) >= _MAX_INCLUDE_DEPTH:
+            raise ProfileError(
+                str(path),
+                [(f"include[{i}]", f"includes nest deeper than {_MAX_INCLUDE_DEPTH} files")],
+            )
+        try:
+            sub_raw = read_user_file(target)
+        except ProfileError as exc:
+            problem = (f"include[{i}]", f"{target}: {exc.problems[0][1]}")
+            raise ProfileError(str(path), [problem]) from exc
+        sub, _ = _load_tree(target, sub_raw, here)
+        merged = _merge(merged, sub)
+    return _merge(merged, data), includes
+
+
+def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        msg = f"not UTF-8 text (byte {exc.start}); save the profile as UTF-8"
+    except tomllib.TOMLDecodeError as exc:
+        msg = f"TOML syntax error: {exc}"
+    raise ProfileError(str(path), [("", msg)])
+
+
+def _identity(path: Path) -> str:
+    # Lexical, so that no file system call is made outside host/; symlinked cycles still end
+    # at the depth limit.
+    return posixpath.normpath(path.absolute())
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any], at: tuple[str, ...] = ()) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        # A set under [cpusets] is one unit: merging two bases would make it invalid.
+        if isinstance(old, dict) and isinstance(value, dict) and at != ("cpusets",):
+            out[key] = _merge(old, value, (*at, key))
+        else:
+            out[key] = value
+    return out
+
+
+# -- turning pydantic errors into key paths and plain messages --------------------------------
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """``("process", 1, "priority")`` -> ``process[1].priority``, as the key is written in TOML."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            name = part if _BARE_KEY.fullmatch(part) else '"' + part.replace('"', '\\"') + '"'
+            out += f".{name}" if out else name
+    return out
+
+
+def _problems_from(exc: ValidationError) -> Problems:
+    problems: Problems = []
+    for err in exc.errors(include_url=False):
+        item = (key_path(err["loc"]), _message(err["type"], err["loc"], err))
+        if item not in problems:
+            problems.append(item)
+    return problems
+
+
+def _message(kind: str, loc: tuple[int | str, ...], err: Mapping[str, Any]) -> str:
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind in ("value_error", "assertion_error"):
+        return str(ctx["error"])
+    if kind == "extra_forbidden":
+        parent = _unwrap(_annotation_at(loc[:-1]))
+        allowed = ", ".join(parent.model_fields) if _is_model(parent) else ""
+        return f"unknown key {loc[-1]!r}; allowed keys here: {allowed}"
+    if kind == "missing":
+        return "required key is missing; add it"
+    if kind == "string_too_short":
+        return "must not be empty"
+    annotation = _unwrap(_annotation_at(loc))
+    if kind == "literal_error":
+        return f"{_show(value)} is not allowed; use {_or_list(typing.get_args(annotation))}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        lo, hi = _bounds(loc)
+        if lo is not None and hi is not None:
+            return f"must be from {lo} to {hi}; got {value}"
+        limit = f"at least {lo}" if lo is not None else f"at most {hi}"
+        return f"must be {limit}; got {value}"
+    if kind.endswith(("_type", "_parsing")):
+        return f"expected {_expected(annotation)}, got {_toml_type(value)} {_show(value)}"
+    return str(err.get("msg", kind))
+
+
+def _annotation_at(loc: tuple[int | str, ...]) -> Any:
+    current: Any = Profile
+    for part in loc:
+        current = _unwrap(current)
+        origin = typing.get_origin(current)
+        if _is_model(current) and isinstance(part, str):
+            info = current.model_fields.get(part)
+            if info is None:
+                return None
+            current = info.annotation
+        elif origin in (tuple, list) and isinstance(part, int):
+            current = typing.get_args(current)[0]
+        elif origin is dict:
+            current = typing.get_args(current)[1]
+        else:
+            return None
+    return current
+
+
+def _bounds(loc: tuple[int | str, ...]) -> tuple[int | None, int | None]:
+    parent = _unwrap(_annotation_at(loc[:-1]))
+    lo = hi = None
+    if _is_model(parent) and isinstance(loc[-1], str):
+        for meta in parent.model_fields[loc[-1]].metadata:
+            lo = getattr(meta, "ge", lo)
+            hi = getattr(meta, "le", hi)
+    return lo, hi
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip ``Annotated[...]`` and ``X | None`` down to the type that matters."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(members) != 1:
+                return annotation
+            annotation = members[0]
+        else:
+            return annotation
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _expected(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (tuple, list):
+        return "an array"
+    if origin is dict or _is_model(annotation):
+        return "a table"
+    return {int: "an integer", bool: "true or false", str: "a string"}.get(annotation, "a value")
+
+
+def _toml_type(value: object) -> str:
+    kinds: tuple[tuple[type, str], ...] = ((bool, "boolean"), (int, "integer"), (float, "float"))
+    kinds += ((str, "string"), (list, "array"), (dict, "table"))
+    return next((name for t, name in kinds if isinstance(value, t)), "date/time")
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _or_list(values: tuple[Any, ...] | list[Any]) -> str:
+    shown = [_show(v) for v in values]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
+
+
+# -- checks across tables ----------------------------------------------------------------------
+
+
+def _set_refs(p: Profile) -> list[tuple[str, str, bool]]:
+    """Every place a set is named: (key path, set name, whether 'keep' is allowed there)."""
+    refs: list[tuple[str, str, bool]] = []
+    if p.irq:
+        refs += [(f"irq.{k}", getattr(p.irq, k), True) for k in _IRQ_SET_KEYS]
+    if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
+        refs.append(("cpuset.cpus", p.cpuset.cpus, False))
+    refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
+    if p.bootargs:
+        for k in _BOOT_SET_KEYS:
+            if getattr(p.bootargs, k) is not None:
+                refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
+    return [r for r in refs if not (r[2] and r[1] == "keep")]
+
+
+_IRQ_SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
+_BOOT_SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
+
+
+def _check_profile(p: Profile) -> Problems:
+    problems: Problems = []
+    names = list(p.cpusets)
+    for name in names:
+        if name == "keep":
+            problems.append(
+                ("cpusets.keep", "'keep' is reserved (it means 'leave as is'); choose another name")
+            )
+        elif not _SET_NAME.fullmatch(name):
+            problems.append(
+                (
+                    key_path(("cpusets", name)),
+                    f"{name!r} is not a set name; use lowercase letters, digits, '_' and '-', "
+                    "starting with a letter",
+                )
+            )
+    refs = _set_refs(p)
+    for name, spec in p.cpusets.items():
+        refs += [
+            (key_path(("cpusets", name, "exclude", i)), ex, False)
+            for i, ex in enumerate(spec.exclude)
+        ]
+    for key, name, keep_ok in refs:
+        if name not in p.cpusets:
+            choices = [*names, "keep"] if keep_ok else names
+            hint = f"use {_or_list(choices)}" if choices else f"define it first as [cpusets.{name}]"
+            problems.append((key, f"unknown CPU set {name!r}; {hint}"))
+    problems += _exclude_cycles(p)
+    problems += _check_process_rules(p)
+    problems += _check_aspm_bootargs(p)
+    if not problems:
+        problems += _overlaps(p, lambda name: _static_cpus(p, name))
+    return problems
+
+
+def _exclude_cycles(p: Profile) -> Problems:
+    problems: Problems = []
+    reported: set[frozenset[str]] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = path[path.index(name) :]
+            if frozenset(cycle) not in reported:
+                reported.add(frozenset(cycle))
+                chain = " -> ".join([*cycle, name])
+                key = key_path(("cpusets", cycle[0], "exclude"))
+                problems.append((key, f"exclude cycle: {chain}; a set cannot subtract itself"))
+            return
+        spec = p.cpusets.get(name)
+        for ex in spec.exclude if spec else ():
+            visit(ex, [*path, name])
+
+    for name in p.cpusets:
+        visit(name, [])
+    return problems
+
+
+def _check_process_rules(p: Profile) -> Problems:
+    problems: Problems = []
+    mode = p.cpuset.mode if p.cpuset else "none"
+    part = p.cpuset.cpus if p.cpuset else None
+    seen: dict[str, int] = {}
+    for i, rule in enumerate(p.process):
+        at = f"process[{i}]"
+        if rule.name in seen:
+            msg = f"{rule.name!r} is already the name of process[{seen[rule.name]}]; rename one"
+            problems.append((f"{at}.name", msg))
+        seen.setdefault(rule.name, i)
+        if rule.move_to_partition and mode not in _PARTITION_MODES:
+            where = (
+                "there is no [cpuset] table" if p.cpuset is None else f"[cpuset] mode is {mode!r}"
+            )
+            msg = (
+                f"there is no partition to move into: {where}; set [cpuset] mode = 'isolated' "
+                "or 'root', or move_to_partition = false"
+            )
+            problems.append((f"{at}.move_to_partition", msg))
+        elif rule.move_to_partition and rule.cpus not in ("keep", part):
+            msg = (
+                f"{rule.cpus!r} is not the partition set {part!r} ([cpuset] cpus), and a process "
+                f"moved into the partition can run only on its CPUs; use cpus = {part!r} or "
+                "'keep', or move_to_partition = false"
+            )
+            problems.append((f"{at}.cpus", msg))
+        if rule.spread_threads and not (rule.move_to_partition and mode == "isolated"):
+            msg = (
+                "works only inside an isolated partition: needs move_to_partition = true and "
+                "[cpuset] mode = 'isolated'"
+            )
+            problems.append((f"{at}.spread_threads", msg))
+    return problems
+
+
+def _check_aspm_bootargs(p: Profile) -> Problems:
+    aspm = p.pcie_aspm
+    if not (p.bootargs and p.bootargs.pcie_aspm == "off" and aspm):
+        return []
+    if aspm.policy == "keep" and aspm.gpu_links == "keep":
+        return []
+    msg = (
+        "'off' leaves ASPM as firmware set it and removes the runtime controls [pcie_aspm] "
+        "writes; to boot with ASPM off use extra = ['pcie_aspm.policy=performance'], or set "
+        "[pcie_aspm] policy and gpu_links to 'keep'"
+    )
+    return [("bootargs.pcie_aspm", msg)]
+
+
+def _overlap_pairs(p: Profile) -> list[tuple[str, str, str, str, str]]:
+    """(key, set, other key, other set, why) for sets that must not share CPUs."""
+    pairs: list[tuple[str, str, str, str, str]] = []
+    if p.cpuset and p.cpuset.mode in _PARTITION_MODES and p.cpuset.cpus and p.irq:
+        for k in ("others_cpus", "default_affinity"):
+            name = getattr(p.irq, k)
+            if name != "keep":
+                why = "IRQs there would interrupt the partition; use a set outside it"
+                pairs.append((f"irq.{k}", name, "cpuset.cpus", p.cpuset.cpus, why))
+    if p.bootargs and p.bootargs.irqaffinity:
+        for k in ("nohz_full", "rcu_nocbs"):
+            name = getattr(p.bootargs, k)
+            if name is not None:
+                why = f"IRQs must start outside the {k} CPUs; use a set without them"
+                pairs.append(
+                    ("bootargs.irqaffinity", p.bootargs.irqaffinity, f"bootargs.{k}", name, why)
+                )
+    return pairs
+
+
+def _overlaps(p: Profile, cpus_of: Callable[[str], frozenset[int] | None]) -> Problems:
+    problems: Problems = []
+    for key, a, other_key, b, why in _overlap_pairs(p):
+        if a == b:
+            problems.append((key, f"names set {a!r}, the same set as {other_key}; {why}"))
+            continue
+        cpus_a, cpus_b = cpus_of(a), cpus_of(b)
+        if cpus_a is not None and cpus_b is not None and cpus_a & cpus_b:
+            msg = (
+                f"set {a!r} ({format_cpulist(cpus_a)}) overlaps set {b!r} of {other_key} "
+                f"({format_cpulist(cpus_b)}) on CPUs {format_cpulist(cpus_a & cpus_b)}; {why}"
+            )
+            problems.append((key, msg))
+    return problems
+
+
+def _static_cpus(p: Profile, name: str) -> frozenset[int] | None:
+    """The set's CPUs when they do not depend on the host (literal cpus all the way down)."""
+    spec = p.cpusets[name]
+    if spec.cpus is None:
+        return None
+    cpus = parse_cpulist(spec.cpus)
+    for ex in spec.exclude:
+        other = _static_cpus(p, ex)
+        if other is None:
+            return None
+        cpus -= other
+    return frozenset(sorted(cpus)[: spec.count]) if spec.count else cpus
+
+
+# -- resolving sets on a host ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedCpus:
+    """Named CPU sets resolved on one host, with what the plan should tell the user."""
+
+    sets: dict[str, frozenset[int]]
+    #: Things the user should know, such as a fallback to all CPUs.
+    notes: list[str] = field(default_factory=list)
+    #: (key, message) for sets naming CPUs the host lacks; those CPUs were dropped.
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def resolve_cpusets(profile: Profile, host: HostCpus) -> ResolvedCpus:
+    """Resolve every set of ``profile`` on ``host``; PlanError if a needed set cannot be built."""
+    out = ResolvedCpus(sets={})
+    problems: Problems = []
+    empty_why: dict[str, str] = {}
+
+    def resolve(name: str) -> frozenset[int]:
+        if name not in out.sets:
+            spec = profile.cpusets[name]
+            base = _base(name, spec, host, out, problems)
+            cpus = base
+            for ex in spec.exclude:  # acyclic: the profile checks passed
+                cpus -= resolve(ex)
+            if base and not cpus:
+                excluded = _or_list(list(spec.exclude)).replace(" or ", " and ")
+                empty_why[name] = f"excluding {excluded} leaves none of {format_cpulist(base)}"
+            if spec.count and len(cpus) > spec.count:
+                cpus = frozenset(sorted(cpus)[: spec.count])
+            elif spec.count and cpus and len(cpus) < spec.count:
+                left = "1 CPU is" if len(cpus) == 1 else f"{len(cpus)} CPUs are"
+                out.notes.append(
+                    f"cpusets.{name}: count = {spec.count}, but only {left} left "
+                    f"({format_cpulist(cpus)}); using what there is"
+                )
+            out.sets[name] = cpus
+        return out.sets[name]
+
+    for name in profile.cpusets:
+        resolve(name)
+    if not problems:
+        problems += _needed_but_empty(profile, out.sets, host, empty_why)
+        problems += _partition_leaves_cpus(profile, out.sets, host)
+        problems += _overlaps(profile, out.sets.get)
+    if problems:
+        lines = [f"profile {profile.name!r} cannot be planned on this host; nothing was changed."]
+        lines += [f"  {key}: {msg}" for key, msg in problems]
+        raise PlanError("\n".join(lines))
+    return out
+
+
+def _base(
+    name: str, spec: CpuSetSpec, host: HostCpus, out: ResolvedCpus, problems: Problems
+) -> frozenset[int]:
+    online = host.online
+    if spec.cpus is not None:
+        wanted = parse_cpulist(spec.cpus)
+        if wanted - online:
+            out.refused.append(
+                (
+                    f"cpusets.{name}.cpus",
+                    f"names CPUs {format_cpulist(wanted - online)} this host does not have "
+                    f"(online: {format_cpulist(online)})",
+                )
+            )
+        return wanted & online
+    if spec.gpu_local is not None:
+        gpu = next((g for g in host.gpus if g.index == spec.gpu_local), None)
+        if gpu is not None and gpu.local_cpus & online:
+            return gpu.local_cpus & online
+        if gpu is not None:
+            out.notes.append(
+                f"cpusets.{name}: GPU {gpu.index} ({gpu.bdf}) reports no online local CPUs; "
+                "using all online CPUs"
+            )
+            return online
+        if spec.fallback_all:
+            out.notes.append(
+                f"cpusets.{name}: no GPU {spec.gpu_local} on this host; using all online CPUs"
+            )
+            return online
+        have = ", ".join(str(g.index) for g in host.gpus) or "none"
+        problems.append(
+            (
+                f"cpusets.{name}.gpu_local",
+                f"no GPU {spec.gpu_local} on this host (GPUs: {have}); use another index "
+                "or fallback_all = true",
+            )
+        )
+        return frozenset()
+    if spec.numa_node is not None:
+        if spec.numa_node in host.numa:
+            return host.numa[spec.numa_node] & online
+        have = ", ".join(str(n) for n in sorted(host.numa)) or "none"
+        problems.append(
+            (
+                f"cpusets.{name}.numa_node",
+                f"no NUMA node {spec.numa_node} on this host (nodes: {have})",
+            )
+        )
+        return frozenset()
+    return online
+
+
+def _needed_but_empty(
+    profile: Profile, sets: dict[str, frozenset[int]], host: HostCpus, why: dict[str, str]
+) -> Problems:
+    users: dict[str, list[str]] = {}
+    for key, name, _ in _set_refs(profile):
+        users.setdefault(name, []).append(key)
+    problems: Problems = []
+    for name, keys in users.items():
+        if not sets[name]:
+            reason = why.get(
+                name, f"none of its CPUs is online (online: {format_cpulist(host.online)})"
+            )
+            problems.append(
+                (
+                    f"cpusets.{name}",
+                    f"has no CPUs on this host: {reason}; needed by {', '.join(keys)}",
+                )
+            )
+    return problems
+
+
+def _partition_leaves_cpus(
+    profile: Profile, sets: dict[str, frozenset[int]], host: HostCpus
+) -> Problems:
+    part = profile.cpuset
+    if part and part.mode in _PARTITION_MODES and part.cpus and sets[part.cpus] >= host.online:
+        return [
+            (
+                "cpuset.cpus",
+                f"set {part.cpus!r} holds every online CPU ({format_cpulist(host.online)}); a "
+                "partition must leave at least one to the rest of the system: exclude a "
+                "housekeeping set",
+            )
+        ]
+    return []
+
+
+# -- schema and generated docs -----------------------------------------------------------------
+
+
+def profile_schema() -> dict[str, Any]:
+    """JSON schema of a profile (by TOML key names), for ``gputunectl schema`` and editors."""
+    schema = Profile.model_json_schema(by_alias=True)
+    # Every tuner's model is called Config, so pydantic names them by module path
+    # (gputuned__tuners__irq__Config); name them after their table instead (IrqConfig).
+    renames = {
+        old: "".join(w.capitalize() for w in old.split("__")[-2].split("_")) + "Config"
+        for old in schema.get("$defs", {})
+        if old.endswith("__Config")
+    }
+    text = json.dumps(schema)
+    for old, new in renames.items():
+        text = text.replace(f'"#/$defs/{old}"', f'"#/$defs/{new}"')
+    renamed: dict[str, Any] = json.loads(text)
+    defs: dict[str, Any] = renamed.get("$defs", {})
+    renamed["$defs"] = {
+        renames.get(k, k): v | {"title": renames.get(k, k)} for k, v in defs.items()
+    }
+    return renamed
+
+
+#: (TOML table heading, model, module whose docstring is that tuner's manual)
+_SECTIONS: tuple[tuple[str, type[BaseModel], types.ModuleType | None], ...] = (
+    ("[cpusets.<name>]", CpuSetSpec, None),
+    ("[pcie_aspm]", PcieAspmConfig, pcie_aspm),
+    ("[pcie_payload]", PciePayloadConfig, pcie_payload),
+    ("[irq]", IrqConfig, irq),
+    ("[cpuset]", CpusetConfig, cpuset),
+    ("[[process]]", ProcessConfig, process),
+    ("[bootargs]", BootargsConfig, bootargs),
+)
+
+
+def render_profile_docs() -> str:
+    """docs/profiles.md, built from this module's and the tuners' docstrings and field docs."""
+    out = [
+        "# Profiles",
+        "",
+        "<!-- Generated by scripts/gen-docs from gputuned/profile.py and gputuned/tuners/; "
+        "edit those, not this file. -->",
+        "",
+        inspect.cleandoc(__doc__ or ""),
+        "",
+        "Shipped profiles, commented line by line: `profiles/shared-host.toml`, "
+        "`profiles/dedicated-inference.toml`, `profiles/latency-critical.toml`.",
+        "",
+        "## Top-level keys",
+        "",
+        *_field_lines(Profile, nested=False),
+    ]
+    for heading, model, module in _SECTIONS:
+        out += ["", f"## `{heading}`", ""]
+        doc = module.__doc__ if module else model.__doc__
+        out += [inspect.cleandoc(doc or ""), "", "Keys:", "", *_field_lines(model)]
+    return "\n".join(out) + "\n"
+
+
+def _field_lines(model: type[BaseModel], prefix: str = "", nested: bool = True) -> list[str]:
+    """One list item per key; with ``nested``, a sub-table's keys (`match.exe`) follow it."""
+    lines: list[str] = []
+    for name, info in model.model_fields.items():
+        kind = _unwrap(info.annotation)
+        default = info.get_default(call_default_factory=True)
+        if info.is_required():
+            default_text = "required"
+        else:
+            shown = "not set" if default is None else f"`{_toml_value(default)}`"
+            default_text = f"default: {shown}"
+        bounds = [
+            f"{op} {getattr(m, attr)}"
+            for m in info.metadata
+            for attr, op in (("ge", ">="), ("le", "<="))
+            if hasattr(m, attr)
+        ]
+        kind_text = _type_text(kind) + (f" ({', '.join(bounds)})" if bounds else "")
+        lines.append(f"- `{prefix}{name}`: {kind_text}; {default_text}. {info.description}")
+        if nested and _is_model(kind):
+            lines += ["  " + line for line in _field_lines(kind, f"{prefix}{name}.")]
+    return lines
+
+
+def _type_text(annotation: Any) -> str:
+    annotation = _unwrap(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(f"`{_toml_value(v)}`" for v in typing.get_args(annotation))
+    if origin in (tuple, list):
+        return "array of " + _type_text(typing.get_args(annotation)[0]) + "s"
+    if origin is dict:
+        return "table of tables"
+    if _is_model(annotation):
+        return "table"
+    return {int: "integer", bool: "boolean", str: "string"}.get(annotation, str(annotation))
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value + '"'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{}"
+    return str(value)

@@ -1,0 +1,191 @@
+"""PCIe payload sizes: Max Payload Size (MPS) and Max Read Request Size (MRRS) on GPU paths.
+
+Both live in each device's Device Control register (PCIe capability +0x08: MPS in bits 7:5,
+MRRS in bits 14:12, encoded 0..5 = 128..4096 bytes). The kernel sets them at enumeration
+(`pci=pcie_bus_safe|perf|peer2peer|tune_off`); this tuner reads them from config space and
+plans only real differences.
+
+- MRRS is the largest read one requester may ask for. It is per device and need not match
+  anything along the path, so raising it on the GPU is safe; larger reads mean fewer request
+  TLPs for the same transfer.
+- MPS is the largest write or completion payload. It must match on both ends of every link from
+  the root port to the GPU: a receiver drops larger TLPs as malformed (AER errors, possibly the
+  device lost). The highest safe value is the minimum of the DevCap MPS (PCIe capability +0x04,
+  bits 2:0) over the whole path, which `mps = "max-safe"` computes. Because a wrong MPS takes a
+  GPU off the bus, gputuned changes MPS only with `allow_mps_change = true`; otherwise it reports
+  the difference and leaves MPS as the kernel set it.
+
+The kernel keeps its own copy of Device Control and writes it back after a reset, FLR, AER
+recovery or resume, so a change can silently disappear: verify notices it and the daemon
+applies it again.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+
+from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.host.pci import PciDevice
+
+#: Sizes the 3-bit MPS and MRRS fields encode (0..5); 6 and 7 are reserved.
+SIZES = (128, 256, 512, 1024, 2048, 4096)
+_SIZES_TEXT = "a size in bytes: 128, 256, 512, 1024, 2048 or 4096"
+
+
+def _size(words: tuple[str, ...]) -> BeforeValidator:
+    def check(value: object) -> object:
+        if isinstance(value, str) and value in words:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value in SIZES:
+            return value
+        shown = "true" if value is True else "false" if value is False else repr(value)
+        allowed = ", ".join(repr(w) for w in words)
+        raise ValueError(f"{shown} is not allowed; use {allowed} or {_SIZES_TEXT}")
+
+    return BeforeValidator(check)
+
+
+class Config(BaseModel):
+    """The `[pcie_payload]` table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mps: Annotated[
+        Literal["keep", "max-safe", 128, 256, 512, 1024, 2048, 4096], _size(("keep", "max-safe"))
+    ] = Field(
+        default="keep",
+        description=(
+            "Max Payload Size for the GPUs' paths: 'keep', 'max-safe' (the smallest DevCap MPS "
+            "over the path) or bytes (128..4096, a power of two). Written only with "
+            "allow_mps_change = true."
+        ),
+    )
+    mrrs: Annotated[Literal["keep", 128, 256, 512, 1024, 2048, 4096], _size(("keep",))] = Field(
+        default="keep",
+        description="Max Read Request Size of each GPU: 'keep' or bytes (128..4096, power of two).",
+    )
+    allow_mps_change: StrictBool = Field(
+        default=False,
+        description=(
+            "Allow writing MPS. A mismatched MPS makes devices drop TLPs, so without this the "
+            "MPS difference is only reported."
+        ),
+    )
+    report_only: StrictBool = Field(
+        default=False,
+        description="Report what would change and change nothing.",
+    )
+
+
+class PciePayloadTuner:
+    """MRRS per GPU; MPS along the whole hierarchy under the GPU's root port, opt-in only."""
+
+    name = "pcie_payload"
+
+    def plan(self, ctx: PlanContext) -> TunerPlan:
+        cfg = ctx.profile.pcie_payload
+        out = TunerPlan()
+        if cfg is None:
+            return out
+        busy = {g.bdf: g.pids for g in ctx.snap.nvml or [] if g.pids}
+        for gpu in ctx.snap.topo.gpus():
+            pcie = gpu.config.pcie
+            if pcie is None:
+                out.notes.append(f"pcie_payload: GPU {gpu.bdf} has no PCIe capability")
+                continue
+            if cfg.mrrs != "keep" and pcie.mrrs != cfg.mrrs:
+                out.changes.append(
+                    Change(
+                        self.name,
+                        f"{gpu.bdf} MRRS",
+                        f"{pcie.mrrs}",
+                        f"{cfg.mrrs}",
+                        "profile pcie_payload.mrrs (per requester; need not match the path)",
+                        f"{gpu.sysfs}/config",
+                        cfg.report_only,
+                    )
+                )
+            if cfg.mps != "keep":
+                self._plan_mps(ctx, gpu, cfg, busy.get(gpu.bdf, ()), out)
+        return out
+
+    def _plan_mps(
+        self, ctx: PlanContext, gpu: PciDevice, cfg: Config, pids: tuple[int, ...], out: TunerPlan
+    ) -> None:
+        topo = ctx.snap.topo
+        path_max = topo.path_max_mps(gpu.bdf) or 128
+        tree_max = topo.hierarchy_max_mps(gpu.bdf) or 128
+        want = tree_max if cfg.mps == "max-safe" else int(cfg.mps)
+        if want > path_max:
+            weakest = min(
+                topo.path(gpu.bdf),
+                key=lambda d: d.config.pcie.mps_supported if d.config.pcie else 4096,
+            )
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    f"{gpu.bdf} MPS",
+                    f"MPS {want} is above the path's minimum DevCap MPS {path_max} "
+                    f"({weakest.bdf} supports {path_max}): a receiver drops larger TLPs as malformed",
+                )
+            )
+            return
+        if want > tree_max:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    f"{gpu.bdf} MPS",
+                    f"MPS {want} is above {tree_max}, the smallest DevCap MPS under this GPU's root "
+                    "port: the shared ports above it also carry its siblings' traffic",
+                )
+            )
+            return
+        if cfg.mps == "max-safe" and tree_max < path_max:
+            out.notes.append(
+                f"pcie_payload: {gpu.bdf}: max-safe MPS is {tree_max}, not the path's {path_max}: "
+                "a device elsewhere under the same root port supports only that"
+            )
+        root = topo.path(gpu.bdf)[-1]
+        tree = [d for d in topo.subtree(root.bdf) if d.config.pcie and d.config.pcie.mps != want]
+        if not tree:
+            return
+        # Raising: ports nearest the root first, so the GPU (the big DMA writer) sends larger
+        # TLPs only once everything above accepts them; lowering: the reverse.
+        depth = {d.bdf: len(topo.path(d.bdf)) for d in tree}
+        raising = want > (gpu.config.pcie.mps if gpu.config.pcie else want)
+        tree.sort(key=lambda d: (depth[d.bdf], d.bdf), reverse=not raising)
+        why = "profile pcie_payload.mps; one value under the whole root port (pcie_bus_safe rule)"
+        if not cfg.allow_mps_change:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    f"{gpu.bdf} MPS",
+                    f"MPS would change to {want} on {len(tree)} function(s) under root port "
+                    f"{root.bdf}; set pcie_payload.allow_mps_change = true to allow it",
+                )
+            )
+            return
+        if pids:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    f"{gpu.bdf} MPS",
+                    f"GPU in use by PID(s) {', '.join(map(str, pids))}: MPS changes only on an idle GPU",
+                )
+            )
+            return
+        for d in tree:
+            assert d.config.pcie is not None
+            out.changes.append(
+                Change(
+                    self.name,
+                    f"{d.bdf} MPS",
+                    str(d.config.pcie.mps),
+                    str(want),
+                    why,
+                    f"{d.sysfs}/config",
+                    cfg.report_only,
+                )
+            )

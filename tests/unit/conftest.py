@@ -1,0 +1,59 @@
+"""Unit tests run against trees only: any escape to the real machine fails the test loudly.
+
+An audit hook (PEP 578) sees every ``open``, ``os.listdir`` and ``os.scandir`` in the process,
+including those inside third-party code, so a forgotten ``Host`` cannot hide behind a helper.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+FORBIDDEN = ("/sys", "/proc", "/dev", "/run/gputuned", "/etc/gputuned")
+ALLOWED = ("/dev/null", "/dev/urandom", "/proc/self/fd", "/dev/shm")
+
+_active = False
+_escapes: list[str] = []
+
+
+def _path_of(arg: Any) -> str | None:
+    if isinstance(arg, int):
+        return None
+    try:
+        p = os.fsdecode(os.fspath(arg))
+    except TypeError:
+        return None
+    return os.path.abspath(p)
+
+
+def _hook(event: str, args: tuple[Any, ...]) -> None:
+    if not _active or event not in ("open", "os.listdir", "os.scandir") or not args:
+        return
+    p = _path_of(args[0])
+    if p is None:
+        return
+    for pre in FORBIDDEN:
+        if (p == pre or p.startswith(pre + "/")) and not p.startswith(ALLOWED):
+            _escapes.append(f"{event} {p}")
+            raise RuntimeError(
+                f"unit test escaped to the real host: {event} {p}; go through Host(tree)"
+            )
+
+
+sys.addaudithook(_hook)
+
+
+@pytest.fixture(autouse=True)
+def _no_host_escape() -> Iterator[None]:
+    global _active
+    _escapes.clear()
+    _active = True
+    try:
+        yield
+    finally:
+        _active = False
+    assert not _escapes, f"unit test escaped to the real host: {_escapes}"

@@ -1,0 +1,889 @@
+"""Profiles: TOML loading, includes, every validation error, CPU set resolution, schema, docs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gputuned.errors import PlanError, ProfileError
+from gputuned.host.userfiles import read_user_file
+from gputuned.profile import (
+    Profile,
+    ResolvedCpus,
+    key_path,
+    load_profile,
+    parse_profile,
+    profile_schema,
+    render_profile_docs,
+    resolve_cpusets,
+)
+from gputuned.topology import GpuRef, HostCpus
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = REPO / "profiles"
+SHIPPED = ("shared-host", "dedicated-inference", "latency-critical")
+
+# Two literal sets most error tests refer to.
+SETS = """
+name = "t"
+[cpusets.housekeeping]
+cpus = "0"
+[cpusets.inference]
+cpus = "1-3"
+"""
+
+
+def cpus(text: str) -> frozenset[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+# -- hosts ------------------------------------------------------------------------------------
+
+# The lent H200 host: 16 vCPUs, one NUMA node, one GPU.
+HOST16 = HostCpus(
+    online=cpus("0-15"),
+    numa={0: cpus("0-15")},
+    gpus=(GpuRef(0, "0000:19:00.0", 0, cpus("0-15"), "NVIDIA H200"),),
+)
+# A small CI machine: two CPUs, no GPU, no NUMA information.
+HOST2 = HostCpus(online=cpus("0-1"))
+# Two sockets with SMT siblings numbered after the cores, four GPUs per socket.
+NODE0, NODE1 = cpus("0-15,32-47"), cpus("16-31,48-63")
+HOST64 = HostCpus(
+    online=cpus("0-63"),
+    numa={0: NODE0, 1: NODE1},
+    gpus=tuple(
+        GpuRef(i, f"0000:{0x18 + i:02x}:00.0", i // 4, NODE0 if i < 4 else NODE1) for i in range(8)
+    ),
+)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> list[tuple[str, str]]:
+    path = write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert info.value.source == str(path)
+    return info.value.problems
+
+
+def load(tmp_path: Path, text: str) -> Profile:
+    return load_profile(write(tmp_path, text))
+
+
+def plan_error(profile: Profile, host: HostCpus) -> str:
+    with pytest.raises(PlanError) as info:
+        resolve_cpusets(profile, host)
+    return str(info.value)
+
+
+# -- unknown keys and wrong types ----------------------------------------------------------------
+
+
+def test_unknown_top_level_key_and_missing_name_are_both_reported(tmp_path: Path) -> None:
+    assert problems(tmp_path, 'nmae = "x"\n') == [
+        ("name", "required key is missing; add it"),
+        (
+            "nmae",
+            "unknown key 'nmae'; allowed keys here: name, description, include, cpusets, "
+            "pcie_aspm, pcie_payload, irq, cpuset, process, bootargs",
+        ),
+    ]
+
+
+def test_unknown_key_in_a_tuner_table_lists_that_tables_keys(tmp_path: Path) -> None:
+    assert problems(tmp_path, SETS + '[irq]\ngpu_cpu = "inference"\n') == [
+        (
+            "irq.gpu_cpu",
+            "unknown key 'gpu_cpu'; allowed keys here: gpu_cpus, spread, others_cpus, "
+            "default_affinity, irqbalance, report_only",
+        )
+    ]
+
+
+def test_unknown_key_in_cpuset_definition_and_process_match(tmp_path: Path) -> None:
+    text = SETS + '[cpusets.x]\ncpu = "0"\n[[process]]\nname = "s"\nmatch.pid = 1\n'
+    assert problems(tmp_path, text) == [
+        (
+            "cpusets.x.cpu",
+            "unknown key 'cpu'; allowed keys here: cpus, gpu_local, numa_node, all, exclude, "
+            "count, fallback_all",
+        ),
+        (
+            "process[0].match.pid",
+            "unknown key 'pid'; allowed keys here: exe, comm, cmdline, unit, cgroup, uses_gpu",
+        ),
+    ]
+
+
+def test_wrong_toml_types(tmp_path: Path) -> None:
+    text = "irq = 5\n" + SETS + '[pcie_aspm]\nreport_only = "yes"\n[[process]]\nname = "s"\n'
+    text += 'match.comm = "x"\nnice = "-10"\n'
+    assert problems(tmp_path, text) == [
+        ("pcie_aspm.report_only", "expected true or false, got string 'yes'"),
+        ("irq", "expected a table, got integer 5"),
+        ("process[0].nice", "expected an integer, got string '-10'"),
+    ]
+
+
+def test_process_written_as_a_table_instead_of_an_array(tmp_path: Path) -> None:
+    text = SETS + '[process]\nname = "s"\n'
+    assert problems(tmp_path, text) == [
+        ("process", "expected an array, got table {'name': 's'}"),
+    ]
+
+
+def test_choice_outside_the_allowed_words(tmp_path: Path) -> None:
+    text = SETS + '[pcie_aspm]\npolicy = "fast"\n[irq]\nirqbalance = "stop"\n'
+    assert problems(tmp_path, text) == [
+        (
+            "pcie_aspm.policy",
+            "'fast' is not allowed; use 'keep', 'default', 'performance', 'powersave' or "
+            "'powersupersave'",
+        ),
+        ("irq.irqbalance", "'stop' is not allowed; use 'coordinate', 'report' or 'ignore'"),
+    ]
+
+
+# -- CPU set definitions ---------------------------------------------------------------------
+
+
+def test_bad_cpulists_show_the_cpulist_message(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.a]\ncpus = "0-x"\n[cpusets.b]\ncpus = "3-1"\n'
+    text += '[cpusets.c]\ncpus = " "\n'
+    assert problems(tmp_path, text) == [
+        (
+            "cpusets.a.cpus",
+            "'0-x' is not a CPU list; write CPUs and ranges like '0-3,8' or '0-15:2/4'",
+        ),
+        ("cpusets.b.cpus", "'3-1': range '3-1' runs backwards; write it low-high"),
+        ("cpusets.c.cpus", "names no CPUs; give at least one, e.g. '0'"),
+    ]
+
+
+def test_a_set_needs_exactly_one_base(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.a]\ncpus = "0"\ngpu_local = 0\n[cpusets.b]\ncount = 2\n'
+    text += "[cpusets.c]\nall = false\n"
+    assert problems(tmp_path, text) == [
+        (
+            "cpusets.a",
+            "give exactly one base: cpus, gpu_local, numa_node or all = true "
+            "(found cpus and gpu_local)",
+        ),
+        (
+            "cpusets.b",
+            "give exactly one base: cpus, gpu_local, numa_node or all = true (found none)",
+        ),
+        ("cpusets.c.all", "false is not allowed; use true"),
+    ]
+
+
+def test_count_and_indexes_below_their_minimum(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.a]\nall = true\ncount = 0\n[cpusets.b]\ngpu_local = -1\n'
+    assert problems(tmp_path, text) == [
+        ("cpusets.a.count", "must be at least 1; got 0"),
+        ("cpusets.b.gpu_local", "must be at least 0; got -1"),
+    ]
+
+
+def test_set_names(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.Big]\nall = true\n[cpusets."a.b"]\nall = true\n'
+    text += "[cpusets.keep]\nall = true\n"
+    msg = "is not a set name; use lowercase letters, digits, '_' and '-', starting with a letter"
+    assert problems(tmp_path, text) == [
+        ("cpusets.Big", f"'Big' {msg}"),
+        ('cpusets."a.b"', f"'a.b' {msg}"),
+        ("cpusets.keep", "'keep' is reserved (it means 'leave as is'); choose another name"),
+    ]
+
+
+def test_references_to_unknown_sets_everywhere(tmp_path: Path) -> None:
+    text = SETS + 'exclude = ["hk"]\n[irq]\ngpu_cpus = "gpu"\nothers_cpus = "keep"\n'
+    text += '[cpuset]\nmode = "root"\ncpus = "keep"\n[[process]]\nname = "s"\nmatch.comm = "x"\n'
+    text += 'cpus = "infer"\n[bootargs]\nnohz_full = "tickless"\n'
+    known = "'housekeeping' or 'inference'"
+    with_keep = "'housekeeping', 'inference' or 'keep'"
+    assert problems(tmp_path, text) == [
+        ("irq.gpu_cpus", f"unknown CPU set 'gpu'; use {with_keep}"),
+        ("cpuset.cpus", f"unknown CPU set 'keep'; use {known}"),
+        ("process[0].cpus", f"unknown CPU set 'infer'; use {with_keep}"),
+        ("bootargs.nohz_full", f"unknown CPU set 'tickless'; use {known}"),
+        ("cpusets.inference.exclude[0]", f"unknown CPU set 'hk'; use {known}"),
+    ]
+
+
+def test_references_when_no_sets_are_defined(tmp_path: Path) -> None:
+    text = 'name = "t"\n[irq]\ngpu_cpus = "gpu"\n[bootargs]\nirqaffinity = "hk"\n'
+    assert problems(tmp_path, text) == [
+        ("irq.gpu_cpus", "unknown CPU set 'gpu'; use 'keep'"),
+        ("bootargs.irqaffinity", "unknown CPU set 'hk'; define it first as [cpusets.hk]"),
+    ]
+
+
+def test_exclude_cycles_are_reported_once_with_the_chain(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.a]\nall = true\nexclude = ["b"]\n'
+    text += '[cpusets.b]\nall = true\nexclude = ["c"]\n[cpusets.c]\nall = true\nexclude = ["a"]\n'
+    text += '[cpusets.d]\nall = true\nexclude = ["d"]\n'
+    assert problems(tmp_path, text) == [
+        ("cpusets.a.exclude", "exclude cycle: a -> b -> c -> a; a set cannot subtract itself"),
+        ("cpusets.d.exclude", "exclude cycle: d -> d; a set cannot subtract itself"),
+    ]
+
+
+# -- PCIe sizes ------------------------------------------------------------------------------
+
+
+def test_payload_sizes(tmp_path: Path) -> None:
+    text = SETS + "[pcie_payload]\nmps = 8192\nmrrs = 3000\n"
+    sizes = "a size in bytes: 128, 256, 512, 1024, 2048 or 4096"
+    assert problems(tmp_path, text) == [
+        ("pcie_payload.mps", f"8192 is not allowed; use 'keep', 'max-safe' or {sizes}"),
+        ("pcie_payload.mrrs", f"3000 is not allowed; use 'keep' or {sizes}"),
+    ]
+
+
+def test_payload_sizes_reject_other_types(tmp_path: Path) -> None:
+    text = SETS + '[pcie_payload]\nmps = true\nmrrs = "4096"\n'
+    sizes = "a size in bytes: 128, 256, 512, 1024, 2048 or 4096"
+    assert problems(tmp_path, text) == [
+        ("pcie_payload.mps", f"true is not allowed; use 'keep', 'max-safe' or {sizes}"),
+        ("pcie_payload.mrrs", f"'4096' is not allowed; use 'keep' or {sizes}"),
+    ]
+
+
+def test_payload_sizes_accepted(tmp_path: Path) -> None:
+    text = SETS + "[pcie_payload]\nmps = 256\nmrrs = 128\nallow_mps_change = true\n"
+    payload = load(tmp_path, text).pcie_payload
+    assert payload is not None
+    assert (payload.mps, payload.mrrs, payload.allow_mps_change) == (256, 128, True)
+
+
+# -- process rules ---------------------------------------------------------------------------
+
+
+def rule(body: str, name: str = "s") -> str:
+    return f'[[process]]\nname = "{name}"\nmatch.comm = "x"\n{body}\n'
+
+
+def test_nice_and_priority_ranges(tmp_path: Path) -> None:
+    text = SETS + rule("nice = -21", "a") + rule('policy = "fifo"', "b")
+    text += rule('policy = "rr"\npriority = 100', "c") + rule('policy = "other"\npriority = 5', "d")
+    text += rule("priority = 3", "e") + rule('policy = "fifo"\npriority = 10', "f")
+    assert problems(tmp_path, text) == [
+        ("process[0].nice", "must be from -20 to 19; got -21"),
+        ("process[1].priority", "policy 'fifo' needs a priority from 1 to 99; add one"),
+        ("process[2].priority", "policy 'rr' needs a priority from 1 to 99; got 100"),
+        (
+            "process[3].priority",
+            "5 is not allowed with policy 'other'; a priority is only for 'fifo' or 'rr': "
+            "remove it or set it to 0",
+        ),
+        (
+            "process[4].priority",
+            "3 is not allowed with policy 'keep'; a priority is only for 'fifo' or 'rr': "
+            "remove it or set it to 0",
+        ),
+    ]
+
+
+def test_priority_zero_is_allowed_without_real_time(tmp_path: Path) -> None:
+    profile = load(tmp_path, SETS + rule('policy = "batch"\npriority = 0\nnice = 19'))
+    assert profile.process[0].priority == 0
+
+
+def test_match_keys(tmp_path: Path) -> None:
+    text = SETS + '[[process]]\nname = "a"\nmatch.comm = "text-generation-server"\n'
+    text += 'match.exe = "python3"\nmatch.unit = "vllm"\nmatch.cgroup = "system.slice"\n'
+    text += 'match.cmdline = "(vllm"\nmatch.uses_gpu = -1\n'
+    text += '[[process]]\nname = "b"\nmatch = {}\n[[process]]\nname = ""\n'
+    assert problems(tmp_path, text) == [
+        (
+            "process[0].match.exe",
+            "'python3' is not an absolute path; give the executable's full path as "
+            "/proc/PID/exe shows it (e.g. '/usr/bin/python3.11')",
+        ),
+        (
+            "process[0].match.comm",
+            "'text-generation-server' is 22 characters; the kernel keeps only the first 15 "
+            "(TASK_COMM_LEN), so write 'text-generation'",
+        ),
+        (
+            "process[0].match.cmdline",
+            "'(vllm' is not a valid Python regular expression (missing ), unterminated "
+            "subpattern at position 0); escape literal characters such as ( [ . * + ? with "
+            "a backslash",
+        ),
+        (
+            "process[0].match.unit",
+            "'vllm' is not a systemd unit name; write one ending in '.service' or '.scope' "
+            "(e.g. 'vllm.service')",
+        ),
+        (
+            "process[0].match.cgroup",
+            "'system.slice' is not a cgroup path; write it as /proc/PID/cgroup shows it, "
+            "starting with '/' (e.g. '/system.slice/vllm.service')",
+        ),
+        ("process[0].match.uses_gpu", "must be at least 0; got -1"),
+        (
+            "process[1].match",
+            "give at least one of exe, comm, cmdline, unit, cgroup or uses_gpu; a rule without "
+            "one would match every process",
+        ),
+        ("process[2].name", "must not be empty"),
+        ("process[2].match", "required key is missing; add it"),
+    ]
+
+
+def test_duplicate_rule_names(tmp_path: Path) -> None:
+    text = SETS + rule("", "server") + rule("", "other") + rule("", "server")
+    assert problems(tmp_path, text) == [
+        ("process[2].name", "'server' is already the name of process[0]; rename one"),
+    ]
+
+
+def test_process_in_partition_must_use_the_partition_set(tmp_path: Path) -> None:
+    text = SETS + '[cpuset]\nmode = "root"\ncpus = "inference"\n'
+    text += rule('cpus = "housekeeping"\nmove_to_partition = true', "a")
+    text += rule('cpus = "housekeeping"', "b")  # not moved: may run anywhere
+    text += rule('cpus = "keep"\nmove_to_partition = true', "c")
+    text += rule("move_to_partition = true\nspread_threads = true", "d")
+    assert problems(tmp_path, text) == [
+        (
+            "process[0].cpus",
+            "'housekeeping' is not the partition set 'inference' ([cpuset] cpus), and a process "
+            "moved into the partition can run only on its CPUs; use cpus = 'inference' or "
+            "'keep', or move_to_partition = false",
+        ),
+        (
+            "process[3].spread_threads",
+            "works only inside an isolated partition: needs move_to_partition = true and "
+            "[cpuset] mode = 'isolated'",
+        ),
+    ]
+
+
+def test_move_to_partition_needs_a_partition(tmp_path: Path) -> None:
+    text = SETS + rule("move_to_partition = true", "a")
+    assert problems(tmp_path, text) == [
+        (
+            "process[0].move_to_partition",
+            "there is no partition to move into: there is no [cpuset] table; set [cpuset] "
+            "mode = 'isolated' or 'root', or move_to_partition = false",
+        ),
+    ]
+    text = (
+        SETS
+        + '[cpuset]\nmode = "affinity"\ncpus = "inference"\n'
+        + rule("move_to_partition = true")
+    )
+    assert problems(tmp_path, text) == [
+        (
+            "process[0].move_to_partition",
+            "there is no partition to move into: [cpuset] mode is 'affinity'; set [cpuset] "
+            "mode = 'isolated' or 'root', or move_to_partition = false",
+        ),
+    ]
+
+
+# -- cpuset table ----------------------------------------------------------------------------
+
+
+def test_cpuset_needs_a_set_and_a_relative_cgroup(tmp_path: Path) -> None:
+    text = SETS + '[cpuset]\nmode = "isolated"\ncgroup = "../escape"\n'
+    allowed = (
+        "is not allowed; write a path relative to the cgroup v2 mount without a leading '/', "
+        "empty parts, '.', '..' or spaces (e.g. 'gputuned.inference')"
+    )
+    assert problems(tmp_path, text) == [
+        ("cpuset.cpus", "mode 'isolated' needs cpus = '<name of a [cpusets] set>'"),
+        ("cpuset.cgroup", f"'../escape' {allowed}"),
+    ]
+    for bad in ("/gputuned", "a//b", "a/", "my group"):
+        text = SETS + f'[cpuset]\nmode = "root"\ncpus = "inference"\ncgroup = "{bad}"\n'
+        assert problems(tmp_path, text) == [("cpuset.cgroup", f"{bad!r} {allowed}")]
+
+
+def test_cpuset_mode_none_needs_no_set(tmp_path: Path) -> None:
+    cpuset = load(tmp_path, SETS + "[cpuset]\n").cpuset
+    assert cpuset is not None
+    assert (cpuset.mode, cpuset.cpus, cpuset.cgroup) == ("none", None, "gputuned.inference")
+
+
+# -- overlaps known without the host ---------------------------------------------------------
+
+
+def test_partition_overlapping_irq_sets(tmp_path: Path) -> None:
+    text = SETS + '[cpusets.wide]\ncpus = "0-1"\n[cpuset]\nmode = "isolated"\ncpus = "inference"\n'
+    text += '[irq]\nothers_cpus = "wide"\ndefault_affinity = "inference"\ngpu_cpus = "inference"\n'
+    why = "IRQs there would interrupt the partition; use a set outside it"
+    assert problems(tmp_path, text) == [
+        (
+            "irq.others_cpus",
+            f"set 'wide' (0-1) overlaps set 'inference' of cpuset.cpus (1-3) on CPUs 1; {why}",
+        ),
+        ("irq.default_affinity", f"names set 'inference', the same set as cpuset.cpus; {why}"),
+    ]
+
+
+def test_overlap_through_excludes_is_static_too(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.hk]\ncpus = "0-1"\n[cpusets.inf]\ncpus = "0-7"\n'
+    text += 'exclude = ["hk"]\ncount = 2\n[cpuset]\nmode = "root"\ncpus = "inf"\n'
+    text += '[irq]\nothers_cpus = "hk"\n'
+    profile = load(tmp_path, text)  # inf is 2-3: no overlap with hk
+    assert resolve_cpusets(profile, HOST16).sets == {"hk": cpus("0-1"), "inf": cpus("2-3")}
+
+
+def test_host_dependent_sets_are_not_checked_statically(tmp_path: Path) -> None:
+    text = SETS + '[cpusets.gpu]\ngpu_local = 0\n[cpuset]\nmode = "root"\ncpus = "gpu"\n'
+    text += '[irq]\nothers_cpus = "housekeeping"\n'
+    load(tmp_path, text)  # decided by resolve_cpusets on a host
+
+
+def test_boot_irqaffinity_overlapping_nohz_full_and_rcu_nocbs(tmp_path: Path) -> None:
+    text = SETS + '[cpusets.wide]\ncpus = "0-3"\n[bootargs]\nnohz_full = "inference"\n'
+    text += 'rcu_nocbs = "wide"\nirqaffinity = "wide"\n'
+    assert problems(tmp_path, text) == [
+        (
+            "bootargs.irqaffinity",
+            "set 'wide' (0-3) overlaps set 'inference' of bootargs.nohz_full (1-3) on CPUs 1-3; "
+            "IRQs must start outside the nohz_full CPUs; use a set without them",
+        ),
+        (
+            "bootargs.irqaffinity",
+            "names set 'wide', the same set as bootargs.rcu_nocbs; IRQs must start outside the "
+            "rcu_nocbs CPUs; use a set without them",
+        ),
+    ]
+
+
+# -- bootargs ----------------------------------------------------------------------------------
+
+
+def test_boot_extra_arguments(tmp_path: Path) -> None:
+    text = SETS + '[bootargs]\nextra = ["preempt=full", "quiet", "a b", "x=\'1\'", "k=1;reboot",'
+    text += ' "nohz_full=1-3"]\n'
+    shape = (
+        "is not an argument gputuned writes; use key or key=value without spaces, quotes or "
+        "semicolons (e.g. 'preempt=full')"
+    )
+    assert problems(tmp_path, text) == [
+        ("bootargs.extra[2]", f"'a b' {shape}"),
+        ("bootargs.extra[3]", f"\"x='1'\" {shape}"),
+        ("bootargs.extra[4]", f"'k=1;reboot' {shape}"),
+        (
+            "bootargs.extra[5]",
+            "'nohz_full=1-3' sets nohz_full, which has its own key: write bootargs.nohz_full",
+        ),
+    ]
+
+
+def test_boot_pcie_aspm_off_conflicts_with_runtime_aspm(tmp_path: Path) -> None:
+    text = SETS + '[bootargs]\npcie_aspm = "off"\n[pcie_aspm]\ngpu_links = "disable"\n'
+    assert problems(tmp_path, text) == [
+        (
+            "bootargs.pcie_aspm",
+            "'off' leaves ASPM as firmware set it and removes the runtime controls [pcie_aspm] "
+            "writes; to boot with ASPM off use extra = ['pcie_aspm.policy=performance'], or set "
+            "[pcie_aspm] policy and gpu_links to 'keep'",
+        ),
+    ]
+    load(tmp_path, SETS + '[bootargs]\npcie_aspm = "off"\n[pcie_aspm]\nreport_only = true\n')
+
+
+# -- collecting everything ---------------------------------------------------------------------
+
+
+def test_all_field_problems_come_back_at_once(tmp_path: Path) -> None:
+    text = SETS + '[pcie_payload]\nmrrs = 100\n[cpusets.x]\ncpus = "a"\ncount = 0\n'
+    text += rule("nice = 20")
+    assert [key for key, _ in problems(tmp_path, text)] == [
+        "cpusets.x.cpus",
+        "cpusets.x.count",
+        "pcie_payload.mrrs",
+        "process[0].nice",
+    ]
+
+
+def test_error_text_has_no_pydantic_noise(tmp_path: Path) -> None:
+    path = write(tmp_path, SETS + '[irq]\nspread = "no"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert str(info.value) == (
+        f"{path}: invalid profile; nothing was changed.\n"
+        "  irq.spread: expected true or false, got string 'no'"
+    )
+
+
+def test_parse_profile_names_the_source(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as info:
+        parse_profile({"name": "t", "irq": {"gpu_cpus": "x"}}, "<socket>")
+    assert info.value.source == "<socket>"
+    assert info.value.problems == [("irq.gpu_cpus", "unknown CPU set 'x'; use 'keep'")]
+
+
+def test_key_path_quotes_keys_that_are_not_bare() -> None:
+    assert key_path(("process", 1, "priority")) == "process[1].priority"
+    assert key_path(("cpusets", "a b", "cpus")) == 'cpusets."a b".cpus'
+    assert key_path(("bootargs", "extra", 0)) == "bootargs.extra[0]"
+
+
+def test_profiles_are_frozen(tmp_path: Path) -> None:
+    profile = load(tmp_path, SETS)
+    with pytest.raises(ValueError, match="frozen"):
+        profile.name = "other"  # type: ignore[misc]
+
+
+# -- reading files -------------------------------------------------------------------------------
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(ProfileError) as info:
+        load_profile(missing)
+    assert (info.value.source, info.value.problems) == (
+        str(missing),
+        [("", "cannot read: No such file or directory; check the path")],
+    )
+    assert problems(tmp_path, 'name = "t"\n[irq\n') == [
+        (
+            "",
+            "TOML syntax error: Expected ']' at the end of a table declaration "
+            "(at line 2, column 5)",
+        )
+    ]
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b'name = "caf\xe9"\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(bad)
+    assert info.value.problems == [("", "not UTF-8 text (byte 11); save the profile as UTF-8")]
+
+
+def test_read_user_file_translates_os_errors(tmp_path: Path) -> None:
+    assert read_user_file(write(tmp_path, "x = 1\n", "f.toml")) == b"x = 1\n"
+    with pytest.raises(ProfileError) as info:
+        read_user_file(tmp_path)
+    assert info.value.problems == [("", "cannot read: Is a directory; check the path")]
+
+
+# -- includes ------------------------------------------------------------------------------------
+
+
+def test_include_merges_tables_and_replaces_sets_and_arrays(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        SETS
+        + 'count = 2\n[irq]\ngpu_cpus = "inference"\nothers_cpus = "housekeeping"\n'
+        + rule("nice = -5", "a")
+        + rule("nice = -1", "b"),
+        "base.toml",
+    )
+    top = 'include = ["base.toml"]\nname = "top"\n[cpusets.inference]\ngpu_local = 0\n'
+    top += '[irq]\nothers_cpus = "keep"\n' + rule("nice = -10", "c")
+    profile = load(tmp_path, top)
+    assert profile.name == "top"
+    assert profile.include == ("base.toml",)
+    assert profile.cpusets["housekeeping"].cpus == "0"
+    # replaced whole: no cpus (that would be a second base) and no count
+    assert profile.cpusets["inference"].gpu_local == 0
+    assert profile.cpusets["inference"].cpus is None
+    assert profile.cpusets["inference"].count is None
+    assert profile.irq is not None
+    assert (profile.irq.gpu_cpus, profile.irq.others_cpus) == ("inference", "keep")
+    assert [(r.name, r.nice) for r in profile.process] == [("c", -10)]
+
+
+def test_includes_apply_in_order_relative_to_the_including_file(tmp_path: Path) -> None:
+    write(tmp_path, 'name = "one"\ndescription = "first"\n[irq]\nspread = false\n', "sub/one.toml")
+    write(tmp_path, 'include = ["one.toml"]\ndescription = "second"\n', "sub/two.toml")
+    write(tmp_path, '[irq]\nirqbalance = "report"\n', "sub/three.toml")
+    profile = load(tmp_path, 'include = ["sub/two.toml", "sub/three.toml"]\n')
+    assert (profile.name, profile.description) == ("one", "second")
+    assert profile.irq is not None
+    assert (profile.irq.spread, profile.irq.irqbalance) == (False, "report")
+
+
+def test_include_cycle_shows_the_chain(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    write(tmp_path, 'name = "a"\ninclude = ["b.toml"]\n', "a.toml")
+    write(tmp_path, 'include = ["a.toml"]\n', "b.toml")
+    with pytest.raises(ProfileError) as info:
+        load_profile(a)
+    assert (info.value.source, info.value.problems) == (
+        str(b),
+        [("include[0]", f"include cycle: {a} -> {b} -> {a}; remove one of these")],
+    )
+
+
+def test_include_of_itself(tmp_path: Path) -> None:
+    path = write(tmp_path, 'name = "a"\ninclude = ["./a.toml"]\n', "a.toml")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert info.value.problems == [
+        ("include[0]", f"include cycle: {path} -> {tmp_path / 'a.toml'}; remove one of these")
+    ]
+
+
+def test_diamond_includes_are_not_a_cycle(tmp_path: Path) -> None:
+    write(tmp_path, 'name = "d"\n', "d.toml")
+    write(tmp_path, 'include = ["d.toml"]\n', "b.toml")
+    write(tmp_path, 'include = ["d.toml"]\n', "c.toml")
+    assert load(tmp_path, 'include = ["b.toml", "c.toml"]\n').name == "d"
+
+
+def test_missing_or_malformed_include(tmp_path: Path) -> None:
+    path = write(tmp_path, 'name = "a"\ninclude = ["nope.toml"]\n')
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert (info.value.source, info.value.problems) == (
+        str(path),
+        [
+            (
+                "include[0]",
+                f"{tmp_path / 'nope.toml'}: cannot read: No such file or directory; check the path",
+            )
+        ],
+    )
+    assert problems(tmp_path, 'name = "a"\ninclude = "base.toml"\n') == [
+        ("include", "expected an array of file names, e.g. ['shared-host.toml']")
+    ]
+
+
+# -- shipped profiles --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_load(name: str) -> None:
+    profile = load_profile(PROFILES / f"{name}.toml")
+    assert profile.name == name
+    assert profile.description
+
+
+def test_shipped_profiles_say_what_they_promise() -> None:
+    shared, dedicated, latency = (load_profile(PROFILES / f"{n}.toml") for n in SHIPPED)
+    assert shared.bootargs is None
+    assert shared.cpuset is not None and shared.cpuset.mode == "root"
+    assert [(r.nice, r.policy, r.cpus, r.move_to_partition) for r in shared.process] == [
+        (-10, "other", "inference", True)
+    ]
+    assert dedicated.cpuset is not None and dedicated.cpuset.mode == "isolated"
+    assert dedicated.process[0].spread_threads
+    assert dedicated.bootargs is not None and dedicated.bootargs.irqaffinity == "housekeeping"
+    assert latency.bootargs is not None
+    assert (latency.bootargs.nohz_full, latency.bootargs.rcu_nocbs) == ("inference", "inference")
+    assert latency.bootargs.irqaffinity == "housekeeping"  # merged from dedicated
+    assert latency.pcie_aspm is not None and latency.pcie_aspm.gpu_links == "disable"
+    payload = latency.pcie_payload
+    assert payload is not None
+    assert (payload.mps, payload.mrrs, payload.allow_mps_change) == ("max-safe", 4096, False)
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "matches"),
+    [
+        ("/usr/bin/python3 /usr/local/bin/vllm serve Qwen/Qwen2-0.5B", True),
+        ("python3 -m sglang.launch_server --model-path m", True),
+        ("/usr/bin/python3 /usr/local/bin/text-generation-server serve m", True),
+        ("/opt/conda/bin/python3.11 -u /usr/local/bin/torchrun --nproc-per-node 8 serve.py", True),
+        (
+            "/usr/bin/python3 /usr/bin/gputuned --profile /etc/gputuned/dedicated-inference.toml",
+            False,
+        ),
+        ("vim vllm.py", False),
+        ("python3 -m pytest tests/test_vllm.py", False),
+    ],
+)
+def test_shipped_server_rule_matches_servers_but_not_gputuned(cmdline: str, matches: bool) -> None:
+    for name in SHIPPED:
+        pattern = load_profile(PROFILES / f"{name}.toml").process[0].match.cmdline
+        assert pattern is not None
+        assert bool(re.search(pattern, cmdline)) is matches
+
+
+# -- resolving on hosts ------------------------------------------------------------------------
+
+
+def test_shipped_profiles_on_the_16_cpu_gpu_host() -> None:
+    expected = {
+        "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-4")},
+        "dedicated-inference": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
+        "latency-critical": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
+    }
+    for name in SHIPPED:
+        resolved = resolve_cpusets(load_profile(PROFILES / f"{name}.toml"), HOST16)
+        assert resolved == ResolvedCpus(sets=expected[name], notes=[], refused=[])
+
+
+def test_shipped_profiles_on_the_64_cpu_two_node_host() -> None:
+    shared = resolve_cpusets(load_profile(PROFILES / "shared-host.toml"), HOST64)
+    assert shared.sets == {"housekeeping": cpus("0"), "inference": cpus("1-4")}
+    for name in SHIPPED[1:]:
+        resolved = resolve_cpusets(load_profile(PROFILES / f"{name}.toml"), HOST64)
+        assert resolved.sets["inference"] == cpus("2-15,32-47")
+        assert not resolved.notes and not resolved.refused
+
+
+def test_shared_host_on_two_cpus_without_gpu_falls_back_and_says_so() -> None:
+    resolved = resolve_cpusets(load_profile(PROFILES / "shared-host.toml"), HOST2)
+    assert resolved == ResolvedCpus(
+        sets={"housekeeping": cpus("0"), "inference": cpus("1")},
+        notes=[
+            "cpusets.inference: no GPU 0 on this host; using all online CPUs",
+            "cpusets.inference: count = 4, but only 1 CPU is left (1); using what there is",
+        ],
+        refused=[],
+    )
+
+
+def test_dedicated_profiles_on_two_cpus_leave_the_server_nothing() -> None:
+    users = {
+        "dedicated-inference": "irq.gpu_cpus, cpuset.cpus, process[0].cpus",
+        "latency-critical": (
+            "irq.gpu_cpus, cpuset.cpus, process[0].cpus, bootargs.nohz_full, bootargs.rcu_nocbs"
+        ),
+    }
+    for name, needed_by in users.items():
+        assert plan_error(load_profile(PROFILES / f"{name}.toml"), HOST2) == (
+            f"profile {name!r} cannot be planned on this host; nothing was changed.\n"
+            "  cpusets.inference: has no CPUs on this host: excluding 'housekeeping' leaves "
+            f"none of 0-1; needed by {needed_by}"
+        )
+
+
+def test_gpu_local_and_numa_node_pick_the_right_node(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.g1]\ngpu_local = 1\n[cpusets.g5]\ngpu_local = 5\n'
+    text += "[cpusets.n1]\nnuma_node = 1\n[cpusets.g6]\ngpu_local = 6\ncount = 3\n"
+    resolved = resolve_cpusets(load(tmp_path, text), HOST64)
+    assert resolved.sets == {"g1": NODE0, "g5": NODE1, "n1": NODE1, "g6": cpus("16-18")}
+
+
+def test_excludes_resolve_in_dependency_order(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.a]\nall = true\nexclude = ["b"]\n'
+    text += '[cpusets.b]\ncpus = "0-1"\nexclude = ["c"]\n[cpusets.c]\ncpus = "1"\n'
+    resolved = resolve_cpusets(load(tmp_path, text), HOST16)
+    assert resolved.sets == {"a": cpus("1-15"), "b": cpus("0"), "c": cpus("1")}
+
+
+def test_cpus_the_host_lacks_are_dropped_and_refused(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.big]\ncpus = "8-31"\n[irq]\ngpu_cpus = "big"\n'
+    resolved = resolve_cpusets(load(tmp_path, text), HOST16)
+    assert resolved.sets == {"big": cpus("8-15")}
+    assert resolved.refused == [
+        ("cpusets.big.cpus", "names CPUs 16-31 this host does not have (online: 0-15)")
+    ]
+
+
+def test_a_needed_set_with_no_cpu_left_cannot_be_planned(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.far]\ncpus = "32-33"\n[cpusets.unused]\ncpus = "40"\n'
+    text += '[irq]\nothers_cpus = "far"\n'
+    assert plan_error(load(tmp_path, text), HOST16) == (
+        "profile 't' cannot be planned on this host; nothing was changed.\n"
+        "  cpusets.far: has no CPUs on this host: none of its CPUs is online (online: 0-15); "
+        "needed by irq.others_cpus"
+    )
+
+
+def test_missing_gpu_without_fallback_and_missing_numa_node(tmp_path: Path) -> None:
+    text = 'name = "t"\n[cpusets.g]\ngpu_local = 0\nfallback_all = false\n'
+    text += "[cpusets.n]\nnuma_node = 2\n"
+    assert plan_error(load(tmp_path, text), HOST2) == (
+        "profile 't' cannot be planned on this host; nothing was changed.\n"
+        "  cpusets.g.gpu_local: no GPU 0 on this host (GPUs: none); use another index or "
+        "fallback_all = true\n"
+        "  cpusets.n.numa_node: no NUMA node 2 on this host (nodes: none)"
+    )
+    assert plan_error(load(tmp_path, 'name = "t"\n[cpusets.n]\nnuma_node = 2\n'), HOST64) == (
+        "profile 't' cannot be planned on this host; nothing was changed.\n"
+        "  cpusets.n.numa_node: no NUMA node 2 on this host (nodes: 0, 1)"
+    )
+
+
+def test_overlap_and_whole_host_partition_found_on_the_host(tmp_path: Path) -> None:
+    text = SETS + '[cpusets.gpu]\ngpu_local = 0\n[cpuset]\nmode = "root"\ncpus = "gpu"\n'
+    text += '[irq]\nothers_cpus = "housekeeping"\n'
+    assert plan_error(load(tmp_path, text), HOST16) == (
+        "profile 't' cannot be planned on this host; nothing was changed.\n"
+        "  cpuset.cpus: set 'gpu' holds every online CPU (0-15); a partition must leave at "
+        "least one to the rest of the system: exclude a housekeeping set\n"
+        "  irq.others_cpus: set 'housekeeping' (0) overlaps set 'gpu' of cpuset.cpus (0-15) on "
+        "CPUs 0; IRQs there would interrupt the partition; use a set outside it"
+    )
+
+
+def test_gpu_without_local_cpus_uses_all_online(tmp_path: Path) -> None:
+    host = HostCpus(online=cpus("0-3"), gpus=(GpuRef(0, "0000:01:00.0", None, frozenset()),))
+    resolved = resolve_cpusets(load(tmp_path, 'name = "t"\n[cpusets.g]\ngpu_local = 0\n'), host)
+    assert resolved.sets == {"g": cpus("0-3")}
+    assert resolved.notes == [
+        "cpusets.g: GPU 0 (0000:01:00.0) reports no online local CPUs; using all online CPUs"
+    ]
+
+
+# -- schema and docs -----------------------------------------------------------------------------
+
+
+def test_schema_is_json_with_every_table() -> None:
+    schema = json.loads(json.dumps(profile_schema()))
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    assert schema["required"] == ["name"]
+    assert list(schema["properties"]) == [
+        "name",
+        "description",
+        "include",
+        "cpusets",
+        "pcie_aspm",
+        "pcie_payload",
+        "irq",
+        "cpuset",
+        "process",
+        "bootargs",
+    ]
+    assert sorted(schema["$defs"]) == [
+        "BootargsConfig",
+        "CpuSetSpec",
+        "CpusetConfig",
+        "IrqConfig",
+        "Match",
+        "PcieAspmConfig",
+        "PciePayloadConfig",
+        "ProcessConfig",
+    ]
+    refs = re.findall(r'"\$ref": "#/\$defs/([^"]+)"', json.dumps(schema))
+    assert set(refs) <= set(schema["$defs"])
+    assert schema["$defs"]["PciePayloadConfig"]["properties"]["mrrs"]["enum"] == [
+        "keep",
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+    ]
+
+
+def test_every_field_has_a_description() -> None:
+    schema = profile_schema()
+    for name, definition in [("Profile", schema), *schema["$defs"].items()]:
+        for key, prop in definition["properties"].items():
+            assert prop.get("description"), f"{name}.{key} has no description"
+
+
+def test_docs_are_generated_from_the_models() -> None:
+    docs = (REPO / "docs" / "profiles.md").read_text()
+    assert docs == render_profile_docs(), "docs/profiles.md is stale: run scripts/gen-docs"
