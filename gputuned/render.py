@@ -13,7 +13,10 @@ if TYPE_CHECKING:
 
 
 def console(*, stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not out.is_terminal:
+        out.width = 160  # piped into a log or a file: rich would assume 80 columns
+    return out
 
 
 def _gts(v: float | None) -> str:

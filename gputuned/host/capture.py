@@ -48,6 +48,9 @@ class _Writer:
         target.write_bytes(data)
         self.files += 1
 
+    def mkdir(self, hpath: str) -> None:
+        self.dest.joinpath(*[p for p in hpath.split("/") if p]).mkdir(parents=True, exist_ok=True)
+
     def link(self, hpath: str, target: str) -> None:
         where = self.dest.joinpath(*[p for p in hpath.split("/") if p])
         where.parent.mkdir(parents=True, exist_ok=True)
@@ -151,6 +154,7 @@ def _capture_pci(host: Host, w: _Writer) -> None:
             _copy(host, w, f"{real}/link/{f}")
         if host.exists(f"{real}/driver"):
             drv = host.resolve(f"{real}/driver")
+            w.mkdir(drv)  # the link must resolve inside the tree, as it does on the host
             w.link(f"{real}/driver", os.path.relpath(drv, real))
 
 
