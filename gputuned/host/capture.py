@@ -77,7 +77,8 @@ def capture(
     dest.mkdir(parents=True, exist_ok=True)
     w = _Writer(dest)
     say = progress or (lambda _msg: None)
-    write_errors: dict[str, str] = {}
+    # Refusals the source already knows (a tree's recorded write_errors) carry over.
+    write_errors = {f.path: E.errorcode[f.errno] for f in host.faults if f.op == "write"}
 
     say("PCI devices")
     _capture_pci(host, w)
