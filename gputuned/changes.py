@@ -7,7 +7,7 @@ types from here; the engine collects them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gputuned.host import Host
@@ -18,9 +18,24 @@ if TYPE_CHECKING:
     from gputuned.topology import HostCpus
 
 
+#: How a setting is read and written (gputuned.actions implements each):
+#: "sysfs"     a text attribute at ``path``; ``compare`` says how values are compared
+#: "pcie"      a field of a config-space register: data offset/mask/shift/value
+#: "cgroup"    a cgroup directory at ``path`` that must exist
+#: "controller" a controller enabled in ``path`` (cgroup.subtree_control): data controller
+#: "thread"    a per-thread attribute of a process: data pid/start/attr/threads{tid: value}
+#: "proc_cgroup" the cgroup of a whole process: data pid/start/cgroup
+#: "file"      a whole file gputuned owns (e.g. a grub drop-in); absent before
+KINDS = ("sysfs", "pcie", "cgroup", "controller", "thread", "proc_cgroup", "file")
+
+
 @dataclass(frozen=True)
 class Change:
-    """One difference between the host and the profile."""
+    """One setting a profile manages: what it is now, what the profile wants, and why.
+
+    ``in_sync`` settings are already right; plan lists only the others, but apply and verify
+    need both (a setting that is right is still managed: switching profiles must not revert it).
+    """
 
     tuner: str
     target: str
@@ -29,6 +44,15 @@ class Change:
     why: str
     path: str = ""  # the host file written, where there is one
     report_only: bool = False  # listed, never applied (the tuner's report_only switch)
+    key: str = ""  # identity of the setting across plans and in the journal
+    kind: str = "sysfs"
+    compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    in_sync: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", f"{self.kind}:{self.path or self.target}")
 
 
 @dataclass(frozen=True)

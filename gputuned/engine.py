@@ -31,22 +31,34 @@ log = logging.getLogger(__name__)
 class PlanResult:
     profile: str
     root: str
-    changes: list[Change] = field(default_factory=list)
+    settings: list[Change] = field(default_factory=list)  # every managed setting
     refused: list[Refusal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
     sets: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changes(self) -> list[Change]:
+        """The settings that differ from the host: what apply would write."""
+        return [c for c in self.settings if not c.in_sync]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "profile": self.profile,
             "root": self.root,
             "cpusets": self.sets,
-            "changes": [asdict(c) for c in self.changes],
+            "changes": [_change_json(c) for c in self.changes],
+            "in_sync": len(self.settings) - len(self.changes),
             "refused": [asdict(r) for r in self.refused],
             "notes": self.notes,
             "pending_boot": self.pending_boot,
         }
+
+
+def _change_json(c: Change) -> dict[str, Any]:
+    d = asdict(c)
+    del d["data"], d["in_sync"]
+    return d
 
 
 def read_context(host: Host, profile: Profile) -> PlanContext:
@@ -105,7 +117,7 @@ def plan_profile(host: Host, profile: Profile) -> PlanResult:
         except errors.HostError as exc:
             result.refused.append(Refusal(tuner.name, "*", f"could not read the host: {exc}"))
             continue
-        result.changes += tp.changes
+        result.settings += tp.changes
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot

@@ -147,56 +147,62 @@ class CpusetTuner:
         group = f"{mount}/{cfg.cgroup}"
         ro = cfg.report_only
         cpulist = format_cpulist(cpus)
-        if "cpuset" not in ctx.cgroup.v2_subtree:
-            out.changes.append(
-                Change(
-                    self.name,
-                    "cgroup.subtree_control",
-                    " ".join(sorted(ctx.cgroup.v2_subtree)),
-                    "+cpuset",
-                    "children of the root cgroup need the cpuset controller",
-                    f"{mount}/cgroup.subtree_control",
-                    ro,
-                )
+        out.changes.append(
+            Change(
+                self.name,
+                "root cgroup.subtree_control",
+                " ".join(sorted(ctx.cgroup.v2_subtree)) or "-",
+                "+cpuset",
+                "children of the root cgroup need the cpuset controller",
+                f"{mount}/cgroup.subtree_control",
+                ro,
+                kind="controller",
+                data={"controller": "cpuset"},
+                in_sync="cpuset" in ctx.cgroup.v2_subtree,
             )
+        )
         exists = host.is_dir(group)
-        if not exists:
-            out.changes.append(
-                Change(
-                    self.name,
-                    f"cgroup {cfg.cgroup}",
-                    "absent",
-                    "created",
-                    "holds the partition",
-                    group,
-                    ro,
-                )
+        out.changes.append(
+            Change(
+                self.name,
+                f"cgroup {cfg.cgroup}",
+                "present" if exists else "absent",
+                "present",
+                "holds the partition",
+                group,
+                ro,
+                kind="cgroup",
+                in_sync=exists,
             )
+        )
 
         def cur(name: str) -> str:
             return (host.read_optional(f"{group}/{name}") or "") if exists else ""
 
         # Order matters (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"):
         # the CPUs, then the exclusive CPUs (Linux 6.7+), then the partition type.
-        steps = [("cpuset.cpus", cpulist, "the partition's CPUs")]
+        steps = [("cpuset.cpus", cpulist, "cpulist", "the partition's CPUs")]
         if _has_exclusive(host, mount, group if exists else None):
-            steps.append(("cpuset.cpus.exclusive", cpulist, "claims the CPUs for this partition"))
-        steps.append(("cpuset.cpus.partition", cfg.mode, f"cpuset.mode = {cfg.mode}"))
-        for name, value, why in steps:
+            steps.append(
+                ("cpuset.cpus.exclusive", cpulist, "cpulist", "claims the CPUs for this partition")
+            )
+        steps.append(("cpuset.cpus.partition", cfg.mode, "partition", f"cpuset.mode = {cfg.mode}"))
+        for name, value, compare, why in steps:
             have = cur(name)
-            same = parse_cpulist(have) == cpus if name != "cpuset.cpus.partition" else have == value
-            if not same:
-                out.changes.append(
-                    Change(
-                        self.name,
-                        f"{cfg.cgroup} {name}",
-                        have or "-",
-                        value,
-                        why,
-                        f"{group}/{name}",
-                        ro,
-                    )
+            same = parse_cpulist(have) == cpus if compare == "cpulist" else have == value
+            out.changes.append(
+                Change(
+                    self.name,
+                    f"{cfg.cgroup} {name}",
+                    have or "-",
+                    value,
+                    why,
+                    f"{group}/{name}",
+                    ro,
+                    compare=compare,
+                    in_sync=same,
                 )
+            )
 
 
 def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:

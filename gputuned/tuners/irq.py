@@ -80,40 +80,41 @@ class IrqTuner:
         gpu_irqs = {i.irq: g.bdf for g in ctx.snap.topo.gpus() for i in g.irqs}
         known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write"}
         names = {i.irq: i.name for i in ctx.irqs}
-        wanted: dict[int, tuple[frozenset[int], str]] = {}
+        # irq -> (wanted CPUs, compare mode, why). GPU vectors get exactly their CPU; any other
+        # IRQ only has to stay inside the others set ("cpulist_subset").
+        wanted: dict[int, tuple[frozenset[int], str, str]] = {}
         if cfg.gpu_cpus != "keep":
             cpus = sorted(sets[cfg.gpu_cpus])
+            why = f"GPU vector -> irq.gpu_cpus ({cfg.gpu_cpus})"
             for n, irq in enumerate(sorted(gpu_irqs)):
                 target = frozenset({cpus[n % len(cpus)]}) if cfg.spread else frozenset(cpus)
-                wanted[irq] = (
-                    target,
-                    f"GPU {gpu_irqs[irq]} vector -> irq.gpu_cpus ({cfg.gpu_cpus})",
-                )
+                wanted[irq] = (target, "cpulist", f"{gpu_irqs[irq]} {why}")
         if cfg.others_cpus != "keep":
             others = sets[cfg.others_cpus]
             why = f"not a GPU vector -> irq.others_cpus ({cfg.others_cpus})"
             for line in ctx.irqs:
-                if line.irq in gpu_irqs or line.affinity is None or line.affinity <= others:
-                    continue
-                wanted[line.irq] = (others, why)
+                if line.irq not in gpu_irqs and line.affinity is not None:
+                    wanted[line.irq] = (others, "cpulist_subset", why)
         current = {i.irq: i.affinity for i in ctx.irqs}
         for g in ctx.snap.topo.gpus():
             current.update({i.irq: i.affinity for i in g.irqs})
-        for irq, (target, why) in sorted(wanted.items()):
+        for irq, (target, mode, why) in sorted(wanted.items()):
             have = current.get(irq)
-            if have is None or have == target:
+            if have is None:
                 continue
             path = f"/proc/irq/{irq}/smp_affinity_list"
             label = f"irq {irq}" + (f" ({names[irq]})" if names.get(irq) else "")
+            in_sync = have <= target if mode == "cpulist_subset" else have == target
             if path in known_bad:
-                out.refused.append(
-                    Refusal(
-                        self.name,
-                        label,
-                        f"unmovable ({errno.errorcode[known_bad[path]]}): the kernel refuses to move "
-                        "this IRQ; skipped",
+                if not in_sync:
+                    out.refused.append(
+                        Refusal(
+                            self.name,
+                            label,
+                            f"unmovable ({errno.errorcode[known_bad[path]]}): the kernel refuses "
+                            "to move this IRQ; skipped",
+                        )
                     )
-                )
                 continue
             out.changes.append(
                 Change(
@@ -124,23 +125,26 @@ class IrqTuner:
                     why,
                     path,
                     cfg.report_only,
+                    compare=mode,
+                    in_sync=in_sync,
                 )
             )
         if cfg.default_affinity != "keep" and ctx.default_affinity is not None:
             want = sets[cfg.default_affinity]
-            if want != ctx.default_affinity:
-                nr = ctx.cpus.nr_cpus
-                out.changes.append(
-                    Change(
-                        self.name,
-                        "default_smp_affinity",
-                        format_mask(ctx.default_affinity, nr),
-                        format_mask(want, nr),
-                        f"IRQs allocated later land on irq.default_affinity ({cfg.default_affinity})",
-                        "/proc/irq/default_smp_affinity",
-                        cfg.report_only,
-                    )
+            nr = ctx.cpus.nr_cpus
+            out.changes.append(
+                Change(
+                    self.name,
+                    "default_smp_affinity",
+                    format_mask(ctx.default_affinity, nr),
+                    format_mask(want, nr),
+                    f"IRQs allocated later land on irq.default_affinity ({cfg.default_affinity})",
+                    "/proc/irq/default_smp_affinity",
+                    cfg.report_only,
+                    compare="mask",
+                    in_sync=want == ctx.default_affinity,
                 )
+            )
         self._irqbalance(ctx, out)
         return out
 

@@ -76,11 +76,11 @@ class PcieAspmTuner:
         if cfg is None:
             return out
         pol = ctx.snap.aspm
-        if cfg.policy != "keep" and pol.value != cfg.policy:
-            if pol.writable is False:
+        if cfg.policy != "keep":
+            if pol.value != cfg.policy and pol.writable is False:
                 out.refused.append(Refusal(self.name, "policy", f"not possible here: {pol.reason}"))
             else:
-                if pol.writable is None:
+                if pol.value != cfg.policy and pol.writable is None:
                     out.notes.append(f"pcie_aspm: policy writability unknown: {pol.reason}")
                 out.changes.append(
                     Change(
@@ -91,6 +91,8 @@ class PcieAspmTuner:
                         "profile pcie_aspm.policy",
                         ASPM_POLICY,
                         cfg.report_only,
+                        compare="policy",
+                        in_sync=pol.value == cfg.policy,
                     )
                 )
         if cfg.gpu_links == "disable":
@@ -112,21 +114,23 @@ class PcieAspmTuner:
                             Refusal(
                                 self.name,
                                 f"{dev.bdf} link",
-                                f"ASPM {'+'.join(pcie.aspm_enabled)} is on but the kernel offers no "
-                                f"per-link controls here: {ctx.snap.aspm.reason}",
+                                f"ASPM {'+'.join(pcie.aspm_enabled)} is on but the kernel offers "
+                                f"no per-link controls here: {ctx.snap.aspm.reason}",
                             )
                         )
                     continue
                 for state in _LINK_STATES:
-                    if dev.link_aspm.get(state) == "1":
-                        out.changes.append(
-                            Change(
-                                self.name,
-                                f"{dev.bdf} link {state}",
-                                "1",
-                                "0",
-                                f"pcie_aspm.gpu_links = disable (on the path of GPU {gpu.bdf})",
-                                f"{dev.sysfs}/link/{state}",
-                                report_only,
-                            )
+                    if state not in dev.link_aspm:
+                        continue
+                    out.changes.append(
+                        Change(
+                            self.name,
+                            f"{dev.bdf} link {state}",
+                            dev.link_aspm[state],
+                            "0",
+                            f"pcie_aspm.gpu_links = disable (on the path of GPU {gpu.bdf})",
+                            f"{dev.sysfs}/link/{state}",
+                            report_only,
+                            in_sync=dev.link_aspm[state] == "0",
                         )
+                    )

@@ -28,6 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.host.pci import PciDevice
+from gputuned.host.pciconfig import DEVCTL, payload_code
 
 #: Sizes the 3-bit MPS and MRRS fields encode (0..5); 6 and 7 are reserved.
 SIZES = (128, 256, 512, 1024, 2048, 4096)
@@ -79,6 +80,45 @@ class Config(BaseModel):
     )
 
 
+#: DevCtl fields (PCIe r6.0 7.5.3.4): Max_Payload_Size bits 7:5, Max_Read_Request_Size 14:12.
+MPS_FIELD = (0x00E0, 5)
+MRRS_FIELD = (0x7000, 12)
+
+
+def field_change(
+    tuner: str,
+    dev: PciDevice,
+    what: str,
+    field: tuple[int, int],
+    have: int,
+    want: int,
+    why: str,
+    report_only: bool,
+) -> Change:
+    """A DevCtl field write: read-modify-write of one 16-bit register, only the field's bits."""
+    assert dev.config.pcie is not None
+    mask, shift = field
+    return Change(
+        tuner,
+        f"{dev.bdf} {what}",
+        str(have),
+        str(want),
+        why,
+        f"{dev.sysfs}/config",
+        report_only,
+        key=f"pcie:{dev.bdf}:{what}",
+        kind="pcie",
+        data={
+            "offset": dev.config.pcie.offset + DEVCTL,
+            "mask": mask,
+            "shift": shift,
+            "value": payload_code(want),
+            "bdf": dev.bdf,
+        },
+        in_sync=have == want,
+    )  # fmt: skip
+
+
 class PciePayloadTuner:
     """MRRS per GPU; MPS along the whole hierarchy under the GPU's root port, opt-in only."""
 
@@ -95,15 +135,18 @@ class PciePayloadTuner:
             if pcie is None:
                 out.notes.append(f"pcie_payload: GPU {gpu.bdf} has no PCIe capability")
                 continue
-            if cfg.mrrs != "keep" and pcie.mrrs != cfg.mrrs:
+            if cfg.mrrs != "keep":
+                why = "profile pcie_payload.mrrs (per requester; need not match the path)"
+                have = pcie.mrrs if pcie.mrrs is not None else 0
                 out.changes.append(
-                    Change(
+                    field_change(
                         self.name,
-                        f"{gpu.bdf} MRRS",
-                        f"{pcie.mrrs}",
-                        f"{cfg.mrrs}",
-                        "profile pcie_payload.mrrs (per requester; need not match the path)",
-                        f"{gpu.sysfs}/config",
+                        gpu,
+                        "MRRS",
+                        MRRS_FIELD,
+                        have,
+                        int(cfg.mrrs),
+                        why,
                         cfg.report_only,
                     )
                 )
@@ -118,15 +161,16 @@ class PciePayloadTuner:
         path_max = topo.path_max_mps(gpu.bdf) or 128
         tree_max = topo.hierarchy_max_mps(gpu.bdf) or 128
         want = tree_max if cfg.mps == "max-safe" else int(cfg.mps)
+        target = f"{gpu.bdf} MPS"
         if want > path_max:
             weakest = min(
-                topo.path(gpu.bdf),
+                (d for d in topo.path(gpu.bdf) if d.config.pcie),
                 key=lambda d: d.config.pcie.mps_supported if d.config.pcie else 4096,
             )
             out.refused.append(
                 Refusal(
                     self.name,
-                    f"{gpu.bdf} MPS",
+                    target,
                     f"MPS {want} is above the path's minimum DevCap MPS {path_max} "
                     f"({weakest.bdf} supports {path_max}): a receiver drops larger TLPs as malformed",
                 )
@@ -136,7 +180,7 @@ class PciePayloadTuner:
             out.refused.append(
                 Refusal(
                     self.name,
-                    f"{gpu.bdf} MPS",
+                    target,
                     f"MPS {want} is above {tree_max}, the smallest DevCap MPS under this GPU's root "
                     "port: the shared ports above it also carry its siblings' traffic",
                 )
@@ -148,8 +192,26 @@ class PciePayloadTuner:
                 "a device elsewhere under the same root port supports only that"
             )
         root = topo.path(gpu.bdf)[-1]
-        tree = [d for d in topo.subtree(root.bdf) if d.config.pcie and d.config.pcie.mps != want]
-        if not tree:
+        tree = [d for d in topo.subtree(root.bdf) if d.config.pcie]
+        todo = [d for d in tree if d.config.pcie and d.config.pcie.mps != want]
+        if todo and not cfg.allow_mps_change:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    target,
+                    f"MPS would change to {want} on {len(todo)} function(s) under root port "
+                    f"{root.bdf}; set pcie_payload.allow_mps_change = true to allow it",
+                )
+            )
+            return
+        if todo and pids:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    target,
+                    f"GPU in use by PID(s) {', '.join(map(str, pids))}: MPS changes only on an idle GPU",
+                )
+            )
             return
         # Raising: ports nearest the root first, so the GPU (the big DMA writer) sends larger
         # TLPs only once everything above accepts them; lowering: the reverse.
@@ -157,35 +219,12 @@ class PciePayloadTuner:
         raising = want > (gpu.config.pcie.mps if gpu.config.pcie else want)
         tree.sort(key=lambda d: (depth[d.bdf], d.bdf), reverse=not raising)
         why = "profile pcie_payload.mps; one value under the whole root port (pcie_bus_safe rule)"
-        if not cfg.allow_mps_change:
-            out.refused.append(
-                Refusal(
-                    self.name,
-                    f"{gpu.bdf} MPS",
-                    f"MPS would change to {want} on {len(tree)} function(s) under root port "
-                    f"{root.bdf}; set pcie_payload.allow_mps_change = true to allow it",
-                )
-            )
-            return
-        if pids:
-            out.refused.append(
-                Refusal(
-                    self.name,
-                    f"{gpu.bdf} MPS",
-                    f"GPU in use by PID(s) {', '.join(map(str, pids))}: MPS changes only on an idle GPU",
-                )
-            )
-            return
         for d in tree:
             assert d.config.pcie is not None
+            if any(c.key == f"pcie:{d.bdf}:MPS" for c in out.changes):
+                continue  # a sibling GPU under the same root port planned it already
             out.changes.append(
-                Change(
-                    self.name,
-                    f"{d.bdf} MPS",
-                    str(d.config.pcie.mps),
-                    str(want),
-                    why,
-                    f"{d.sysfs}/config",
-                    cfg.report_only,
+                field_change(
+                    self.name, d, "MPS", MPS_FIELD, d.config.pcie.mps, want, why, cfg.report_only
                 )
             )

@@ -262,53 +262,68 @@ class ProcessTuner:
         return out
 
     def _plan_proc(self, ctx: PlanContext, rule: Config, proc: ProcInfo) -> list[Change]:
+        """Settings for one process, in apply order: nice, policy, affinity, then cgroup.
+
+        Affinity goes before the cgroup move so that revert (newest first) moves the process
+        out of the partition before it widens the affinity again; since Linux 6.2 a cpuset
+        move keeps the user-requested mask (sched: "Always preserve the user requested
+        cpumask"), so per-thread placement survives the move.
+        """
         label = f"pid {proc.pid} ({proc.comm}, {len(proc.threads)} threads)"
-        ro = rule.report_only
         why = f"process rule {rule.name!r}"
         out: list[Change] = []
         threads = proc.threads
-        if rule.nice is not None and any(t.nice != rule.nice for t in threads):
+
+        def per_thread(attr: str, have: dict[int, str], want: dict[int, str], shown: str) -> None:
             out.append(
                 Change(
                     self.name,
-                    f"{label} nice",
-                    _summary([str(t.nice) for t in threads]),
-                    str(rule.nice),
+                    f"{label} {attr}",
+                    _summary(list(have.values())),
+                    shown,
                     why,
-                    report_only=ro,
+                    report_only=rule.report_only,
+                    key=f"thread:{proc.pid}:{proc.start_time}:{attr}",
+                    kind="thread",
+                    data={"pid": proc.pid, "start": proc.start_time, "attr": attr, "threads": want},
+                    in_sync=all(have[t] == want[t] for t in want),
                 )
+            )
+
+        if rule.nice is not None:
+            per_thread(
+                "nice",
+                {t.tid: str(t.nice) for t in threads},
+                {t.tid: str(rule.nice) for t in threads},
+                str(rule.nice),
             )
         if rule.policy != "keep":
-            want = (
-                rule.policy
-                if rule.policy not in ("fifo", "rr")
-                else f"{rule.policy}:{rule.priority}"
+            want = policy_value(rule.policy, rule.priority or 0)
+            per_thread(
+                "policy",
+                {t.tid: policy_value(t.policy, t.rt_priority) for t in threads},
+                {t.tid: want for t in threads},
+                want,
             )
-            have = [
-                t.policy if t.policy not in ("fifo", "rr") else f"{t.policy}:{t.rt_priority}"
-                for t in threads
-            ]
-            if any(h != want for h in have):
-                out.append(
-                    Change(self.name, f"{label} policy", _summary(have), want, why, report_only=ro)
-                )
         cs = ctx.profile.cpuset
         if rule.cpus != "keep":
             cpus = ctx.sets.sets[rule.cpus]
             isolated = cs is not None and cs.mode == "isolated"
             plan = thread_cpus(threads, cpus, rule.spread_threads and isolated)
-            if any(t.affinity != plan[t.tid] for t in threads):
-                wanted = format_cpulist(cpus)
-                if len(set(plan.values())) > 1:
-                    main = format_cpulist(plan[proc.pid])
-                    wanted = f"one CPU each over {wanted}, main thread alone on {main}"
-                have_aff = _summary([format_cpulist(t.affinity) for t in threads])
-                out.append(
-                    Change(self.name, f"{label} affinity", have_aff, wanted, why, report_only=ro)
-                )
+            shown = format_cpulist(cpus)
+            if len(set(plan.values())) > 1:
+                main = format_cpulist(plan[proc.pid])
+                shown = f"one CPU each over {shown}, main thread alone on {main}"
+            per_thread(
+                "affinity",
+                {t.tid: format_cpulist(t.affinity) for t in threads},
+                {tid: format_cpulist(c) for tid, c in plan.items()},
+                shown,
+            )
         if cs is not None and rule.move_to_partition and cs.mode in ("root", "isolated"):
             want_cg = "/" + cs.cgroup
-            if ctx.cgroup.partitions_possible and proc.cgroup != want_cg:
+            mount = ctx.cgroup.v2_mount
+            if ctx.cgroup.partitions_possible and mount is not None:
                 out.append(
                     Change(
                         self.name,
@@ -316,10 +331,19 @@ class ProcessTuner:
                         proc.cgroup or "-",
                         want_cg,
                         why,
-                        report_only=ro,
+                        report_only=rule.report_only,
+                        key=f"proc_cgroup:{proc.pid}:{proc.start_time}",
+                        kind="proc_cgroup",
+                        data={"pid": proc.pid, "start": proc.start_time, "mount": mount},
+                        in_sync=proc.cgroup == want_cg,
                     )
                 )
         return out
+
+
+def policy_value(policy: str, priority: int) -> str:
+    """One string per scheduling setting: "other", "batch", "fifo:10"."""
+    return f"{policy}:{priority}" if policy in ("fifo", "rr") else policy
 
 
 def thread_cpus(

@@ -166,7 +166,7 @@ def test_plan_h200_shared_host() -> None:
     assert got[("cpuset", "gputuned.inference cpuset.cpus")] == ("-", "1-4")
     assert got[("cpuset", "gputuned.inference cpuset.cpus.exclusive")] == ("-", "1-4")
     assert got[("cpuset", "gputuned.inference cpuset.cpus.partition")] == ("-", "root")
-    assert got[("cpuset", "cgroup gputuned.inference")] == ("absent", "created")
+    assert got[("cpuset", "cgroup gputuned.inference")] == ("absent", "present")
     refused = {(r.tuner, r.target): r.reason for r in result.refused}
     assert refused[("irq", "irq 31 (virtio0-req.0)")].startswith("unmovable (EPERM)")
     assert refused[("irq", "irq 33 (virtio1-req.0)")].startswith("unmovable (EPERM)")
