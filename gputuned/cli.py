@@ -8,11 +8,24 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputuned import __version__, errors
 from gputuned.host import Host
-from gputuned.render import console, render_inspect, render_plan
+from gputuned.host.state import ACTIVE, GRUB_DROPIN
+from gputuned.render import (
+    console,
+    render_apply,
+    render_inspect,
+    render_plan,
+    render_revert,
+    render_status,
+    render_verify,
+)
+
+if TYPE_CHECKING:
+    from gputuned.profile import Profile
+
 
 log = logging.getLogger("gputunectl")
 
@@ -82,6 +95,107 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
+    """The profile named on the command line, else the one applied last on this host."""
+    from gputuned.apply import read_active
+    from gputuned.profile import load_profile, parse_profile
+
+    if arg is not None:
+        return load_profile(arg), str(arg.absolute())
+    active = read_active(host)
+    if active is None:
+        raise errors.GputunedError(
+            "no profile given and none applied on this host; name one: gputunectl verify PROFILE"
+        )
+    return parse_profile(active["profile"], f"{ACTIVE} (copy of {active['source']})"), str(
+        active["source"]
+    )
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from gputuned.apply import ApplyError, apply_profile
+    from gputuned.profile import load_profile
+
+    host = Host(args.root)
+    profile = load_profile(args.profile)
+    try:
+        plan, report = apply_profile(
+            host, profile, keep_going=args.keep_going, source=str(args.profile.absolute())
+        )
+    except ApplyError as exc:
+        if args.json:
+            _print_json({"ok": False, "error": str(exc), **exc.report.to_json()})
+        raise
+    if args.json:
+        _print_json({"ok": not report.failed, "profile": plan.profile, **report.to_json()})
+    else:
+        render_apply(plan, report)
+    return 3 if report.failed else 0
+
+
+def cmd_revert(args: argparse.Namespace) -> int:
+    from gputuned.apply import revert_all
+
+    report = revert_all(Host(args.root))
+    if args.json:
+        _print_json({"ok": not report.failed, **report.to_json()})
+    else:
+        render_revert(report)
+    return 3 if report.failed else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from gputuned.apply import read_state
+    from gputuned.engine import plan_profile
+    from gputuned.host.userfiles import write_user_file_atomic
+    from gputuned.verify import verify_plan
+
+    host = Host(args.root)
+    profile, _source = _profile_for(host, args.profile)
+    report = verify_plan(plan_profile(host, profile), read_state(host), strict=args.strict)
+    if args.prometheus:
+        write_user_file_atomic(args.prometheus, report.prometheus().encode())
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        render_verify(report, verbose=args.verbose)
+    return report.exit_code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gputuned.apply import read_active, read_state
+    from gputuned.journal import Journal
+
+    host = Host(args.root)
+    active = read_active(host)
+    state = read_state(host)
+    journal = Journal(host)
+    data = {
+        "active_profile": active["profile"]["name"] if active else None,
+        "source": active["source"] if active else None,
+        "applied_at": state.get("applied_at"),
+        "journal_entries": len(journal),
+        "journal": [
+            {"tuner": e.op.tuner, "target": e.op.target, "old": e.old} for e in journal.entries()
+        ],
+        "not_possible": state.get("not_possible", {}),
+        "daemon": None,
+    }
+    if args.json:
+        _print_json(data)
+    else:
+        render_status(data)
+    return 0
+
+
+def cmd_bootargs(args: argparse.Namespace) -> int:
+    from gputuned.bootargs_cmd import bootargs
+
+    host = Host(args.root)
+    profile, _source = _profile_for(host, args.profile)
+    return bootargs(host, profile, write_grub=args.write_grub, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputunectl",
@@ -102,6 +216,52 @@ def build_parser() -> argparse.ArgumentParser:
     _add_root(s)
     _add_json(s)
     s.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("apply", help="make this host match PROFILE (one-shot without the daemon)")
+    s.add_argument("profile", type=Path, metavar="PROFILE")
+    _add_root(s)
+    _add_json(s)
+    s.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="on a failed setting, keep what was applied and continue (default: undo and stop)",
+    )
+    s.set_defaults(func=cmd_apply)
+
+    s = sub.add_parser("revert", help="put back every value gputuned changed (from its journal)")
+    _add_root(s)
+    _add_json(s)
+    s.set_defaults(func=cmd_revert)
+
+    s = sub.add_parser("verify", help="compare the host with the applied profile")
+    s.add_argument(
+        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+    )
+    _add_root(s)
+    _add_json(s)
+    s.add_argument("--strict", action="store_true", help="'not possible here' fails verify too")
+    s.add_argument(
+        "--prometheus", type=Path, metavar="FILE", help="also write node_exporter textfile metrics"
+    )
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("status", help="active profile, journal and what could not be applied")
+    _add_root(s)
+    _add_json(s)
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("bootargs", help="kernel arguments the profile wants, for the bootloader")
+    s.add_argument(
+        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+    )
+    _add_root(s)
+    _add_json(s)
+    s.add_argument(
+        "--write-grub",
+        action="store_true",
+        help=f"write them to {GRUB_DROPIN} (journaled; gputunectl revert removes it)",
+    )
+    s.set_defaults(func=cmd_bootargs)
 
     s = sub.add_parser("capture", help="copy what gputuned reads from this host into DIR")
     s.add_argument("dir", type=Path, metavar="DIR")

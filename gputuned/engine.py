@@ -73,7 +73,7 @@ def read_context(host: Host, profile: Profile) -> PlanContext:
         irqs=read_interrupts(host),
         default_affinity=read_default_affinity(host),
         cgroup=read_cgroup_layout(host),
-        processes=iter_processes(host) if host.exists("/proc/1") else [],
+        processes=iter_processes(host),
     )
 
 

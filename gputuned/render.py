@@ -9,7 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from gputuned.apply import ApplyReport, RevertReport
     from gputuned.engine import PlanResult
+    from gputuned.verify import VerifyReport
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -107,3 +109,73 @@ def render_plan(result: PlanResult) -> None:
         out.print(f"[bold yellow]refused[/] {r.tuner} {escape(r.target)}: {escape(r.reason)}")
     for b in result.pending_boot:
         out.print(f"[magenta]boot[/] {escape(b)} (missing from /proc/cmdline; needs a reboot)")
+
+
+def render_apply(plan: PlanResult, report: ApplyReport) -> None:
+    out = console()
+    out.print(
+        f"Applied [bold]{escape(plan.profile)}[/]: {len(report.written)} write(s) in "
+        f"{report.seconds * 1000:.1f} ms, {len(plan.settings) - len(plan.changes)} already right"
+    )
+    for w in report.written:
+        out.print(f"  [green]set[/] {escape(w['target'])}: {escape(w['old'])} → {escape(w['new'])}")
+    for rs in report.restored:
+        out.print(
+            f"  [cyan]restored[/] {escape(rs['target'])} to {escape(rs['value'])} (not in this profile)"
+        )
+    for np in report.not_possible.values():
+        out.print(f"  [yellow]not possible here[/] {escape(np['target'])}: {escape(np['reason'])}")
+    for s in report.skipped:
+        out.print(f"  [dim]skipped[/] {escape(s['target'])}: {escape(s['reason'])}")
+    for rf in plan.refused:
+        out.print(f"  [yellow]refused[/] {rf.tuner} {escape(rf.target)}: {escape(rf.reason)}")
+    for f in report.failed:
+        out.print(f"  [bold red]failed[/] {escape(f['target'])}: {escape(f['error'])}")
+    for b in plan.pending_boot:
+        out.print(f"  [magenta]boot[/] {escape(b)} (gputunectl bootargs; needs a reboot)")
+    out.print("Undo with: gputunectl revert")
+
+
+def render_revert(report: RevertReport) -> None:
+    out = console()
+    if not report.restored and not report.failed:
+        out.print("Nothing to revert: the journal is empty.")
+        return
+    out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms")
+    for f in report.failed:
+        out.print(f"  [bold red]failed[/] {escape(f['target'])}: {escape(f['error'])}")
+    if report.failed:
+        out.print("What failed stays in the journal; gputunectl revert tries it again.")
+
+
+def render_verify(report: VerifyReport, *, verbose: bool) -> None:
+    from gputuned.verify import PASSED, STATUSES
+
+    out = console()
+    styles = {"passed": "green", "drifted": "bold red", "pending reboot": "magenta"}
+    for ln in report.lines:
+        if ln.status == PASSED and not verbose:
+            continue
+        style = styles.get(ln.status, "yellow")
+        detail = f"live {ln.live}, wanted {ln.wanted}" if ln.live != "-" else ""
+        reason = f" — {ln.reason}" if ln.reason else ""
+        out.print(
+            f"[{style}]{ln.status:>17}[/] {ln.tuner} {escape(ln.target)} {escape(detail)}{escape(reason)}"
+        )
+    counts = ", ".join(f"{report.count(s)} {s}" for s in STATUSES if report.count(s))
+    out.print(
+        f"verify {escape(report.profile)}: {counts or 'no settings'} (exit {report.exit_code})"
+    )
+
+
+def render_status(data: dict[str, Any]) -> None:
+    out = console()
+    if data["active_profile"] is None and not data["journal_entries"]:
+        out.print("No profile applied; the journal is empty.")
+        return
+    out.print(
+        f"Active profile: [bold]{escape(str(data['active_profile']))}[/] ({escape(str(data['source']))})"
+    )
+    out.print(f"Journal: {data['journal_entries']} original value(s) kept for revert")
+    for np in data["not_possible"].values():
+        out.print(f"  [yellow]not possible here[/] {escape(np['target'])}: {escape(np['reason'])}")

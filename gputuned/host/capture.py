@@ -78,7 +78,9 @@ def capture(
     w = _Writer(dest)
     say = progress or (lambda _msg: None)
     # Refusals the source already knows (a tree's recorded write_errors) carry over.
-    write_errors = {f.path: E.errorcode[f.errno] for f in host.faults if f.op == "write"}
+    write_errors = {
+        f.path: E.errorcode[f.errno] for f in host.faults if f.op == "write" and f.recorded
+    }
 
     say("PCI devices")
     _capture_pci(host, w)

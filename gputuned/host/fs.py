@@ -6,17 +6,23 @@ import errno as E
 import json
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gputuned import errors
+from gputuned.cpulist import format_cpulist
+
+if TYPE_CHECKING:
+    from gputuned.host.treekernel import TreeKernel
 
 #: Name of the metadata file at the top of a captured or synthetic tree.
 TREE_META = "gputuned-tree.json"
 
 _ERRNO_NAMES = {name: getattr(E, name) for name in dir(E) if name.startswith("E")}
+_RMDIR_BUSY = "a cgroup that still has processes or child cgroups, or a mount point; empty it first"
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,9 @@ class Fault:
     path: str
     op: str
     errno: int
+    #: True for the refusals a tree recorded at capture (``write_errors``): plan may rely on
+    #: them, as it would on knowledge of the host; injected faults are surprises at apply time.
+    recorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,15 +53,27 @@ class Host:
     On a tree, ``gputuned-tree.json`` at its top may list ``write_errors`` (path → errno name):
     the errors the real kernel gave when the tree was captured, replayed here so that a tree
     behaves like its host (for example EPERM on the ASPM policy where firmware owns ASPM).
+    Past those, :mod:`gputuned.host.treekernel` answers for the kernel: a write, ``mkdir`` or
+    ``rmdir`` on a tree reads back as the kernel would show it, and writing the old value back
+    leaves the tree byte-identical.
+
+    Threads are changed with :meth:`set_nice`, :meth:`set_affinity` and :meth:`set_scheduler`
+    (syscalls live, /proc edits on a tree; mechanism in :mod:`gputuned.host.procctl`) and
+    processes moved with :meth:`move_to_cgroup`. Every mutation lands in ``writes``: thread
+    operations as a pseudo-path such as ``/proc/1234/task/1235:nice`` with data ``b"-10"``,
+    directories as ``/sys/fs/cgroup/x:mkdir`` / ``:rmdir`` with empty data.
     """
 
     root: Path = Path("/")
     faults: list[Fault] = field(default_factory=list)
     writes: list[WriteRecord] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)
+    _mutations: int = field(default=0, repr=False)
+    _failpoint: tuple[str, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
+        self._failpoint = _parse_failpoint(os.environ.get(FAILPOINT_ENV, ""))
         if not self.live:
             meta_path = self.root / TREE_META
             if meta_path.is_file():
@@ -60,7 +81,7 @@ class Host:
                 we = self.meta.get("write_errors", {})
                 assert isinstance(we, dict)
                 for p, name in we.items():
-                    self.faults.append(Fault(str(p), "write", _ERRNO_NAMES[str(name)]))
+                    self.faults.append(Fault(str(p), "write", _ERRNO_NAMES[str(name)], True))
 
     @property
     def live(self) -> bool:
@@ -155,29 +176,124 @@ class Host:
         self.write_bytes(hpath, text.encode())
 
     def write_bytes(self, hpath: str, data: bytes, offset: int | None = None) -> None:
-        """Write ``data``; with ``offset``, write in place (PCI config space) without truncating."""
+        """Write ``data``; with ``offset``, write in place (PCI config space) without truncating.
+
+        On a tree the write goes through :mod:`gputuned.host.treekernel`, which answers for the
+        kernel (formats, side effects, errors) after any injected fault has fired.
+        """
         self._check_fault("write", hpath)
-        real = self.path(hpath)
-        # O_TRUNC is what `echo >` does (sysfs and procfs ignore it); config space is written
-        # in place at an offset.
-        flags = os.O_WRONLY | (0 if offset is not None else os.O_TRUNC)
         with self._translate("write", hpath):
-            fd = os.open(real, flags)
-            try:
-                n = os.pwrite(fd, data, offset) if offset is not None else os.write(fd, data)
-                if n != len(data):
-                    raise OSError(E.EIO, f"short write ({n} of {len(data)} bytes)")
-            finally:
-                os.close(fd)
-        self.writes.append(WriteRecord(hpath, data, offset))
+            if self.live:
+                write_file(self.path(hpath), data, offset)
+            else:
+                self._kernel().write(self.resolve(hpath), data, offset)
+        self._wrote(WriteRecord(hpath, data, offset))
+
+    # -- directories, processes and threads (each recorded in ``writes``) -----------------
+
+    def mkdir(self, hpath: str) -> None:
+        """Make a directory; on a tree, a cgroup v2 one comes with the files the kernel makes."""
+        self._check_fault("mkdir", hpath)
+        with self._translate("mkdir", hpath):
+            if self.live:
+                os.mkdir(self.path(hpath))
+            else:
+                self._kernel().mkdir(self.resolve(hpath))
+        self._wrote(WriteRecord(f"{hpath}:mkdir", b""))
+
+    def rmdir(self, hpath: str) -> None:
+        """Remove a directory (a cgroup: Busy while it has processes or child cgroups)."""
+        self._check_fault("rmdir", hpath)
+        with self._translate("rmdir", hpath):
+            if not self.live:
+                self._kernel().rmdir(self.resolve(hpath))
+            else:
+                try:
+                    os.rmdir(self.path(hpath))
+                except OSError as exc:
+                    if exc.errno != E.EBUSY:
+                        raise
+                    raise OSError(E.EBUSY, _RMDIR_BUSY) from exc
+        self._wrote(WriteRecord(f"{hpath}:rmdir", b""))
+
+    def set_nice(self, tid: int, nice: int) -> None:
+        """Set one thread's nice value (-20..19; setpriority(2) on a TID acts on that thread)."""
+        from gputuned.host import procctl
+
+        self._thread_op(tid, "nice", str(nice), lambda pid: procctl.set_nice(self, pid, tid, nice))
+
+    def set_affinity(self, tid: int, cpus: frozenset[int]) -> None:
+        """Pin one thread to ``cpus`` (sched_setaffinity(2))."""
+        from gputuned.host import procctl
+
+        self._thread_op(
+            tid,
+            "affinity",
+            format_cpulist(cpus),
+            lambda pid: procctl.set_affinity(self, pid, tid, cpus),
+        )
+
+    def set_scheduler(self, tid: int, policy: str, priority: int) -> None:
+        """Set one thread's policy (other, fifo, rr, batch, idle) and real-time priority."""
+        from gputuned.host import procctl
+
+        self._thread_op(
+            tid,
+            "scheduler",
+            f"{policy} {priority}",
+            lambda pid: procctl.set_scheduler(self, pid, tid, policy, priority),
+        )
+
+    def move_to_cgroup(self, pid: int, cgroup_dir: str) -> None:
+        """Move process ``pid`` with all its threads into the cgroup v2 directory ``cgroup_dir``.
+
+        Writes the PID to ``{cgroup_dir}/cgroup.procs`` (recorded as that write); errors say why
+        the kernel refused.
+        """
+        from gputuned.host import procctl
+
+        try:
+            self.write_text(f"{cgroup_dir.rstrip('/')}/cgroup.procs", str(pid))
+        except errors.HostError as exc:
+            raise procctl.explain_move(exc, pid, cgroup_dir) from exc
+
+    def _thread_op(self, tid: int, what: str, data: str, run: Callable[[int], None]) -> None:
+        from gputuned.host import procctl
+
+        pid = procctl.thread_group(self, tid)
+        where = procctl.where(pid, tid, what)
+        self._check_fault("write", where)
+        run(pid)
+        self._wrote(WriteRecord(where, data.encode()))
+
+    def _kernel(self) -> TreeKernel:
+        from gputuned.host.treekernel import TreeKernel
+
+        return TreeKernel(self.root)
 
     # -- faults and translation ----------------------------------------------------------
 
     def inject(self, path: str, op: str, errno_: int) -> None:
-        """Make ``op`` on ``path`` fail with ``errno_`` from now on (tests, fault matrix)."""
+        """Make ``op`` on ``path`` fail with ``errno_`` from now on (tests, fault matrix).
+
+        ``op`` is "read", "write", "mkdir" or "rmdir"; thread operations are writes to their
+        pseudo-path, e.g. ``inject("/proc/1234/task/1235:nice", "write", errno.EPERM)``.
+        """
         self.faults.append(Fault(path, op, errno_))
 
+    def _wrote(self, rec: WriteRecord) -> None:
+        self.writes.append(rec)
+        # ">=": a write the kernel refused is not "done", so "after N" is the first done write
+        # from the N-th attempt on.
+        fp = self._failpoint
+        if fp is not None and fp[0] == "after" and self._mutations >= fp[1]:
+            _die(f"after write {self._mutations} ({rec.path})")
+
     def _check_fault(self, op: str, hpath: str) -> None:
+        if op != "read":
+            self._mutations += 1
+            if self._failpoint == ("before", self._mutations):
+                _die(f"before write {self._mutations} ({hpath})")
         for f in self.faults:
             if f.op == op and f.path == hpath:
                 raise translate(OSError(f.errno, os.strerror(f.errno)), op, hpath)
@@ -201,20 +317,68 @@ def _components(hpath: str) -> list[str]:
     return parts
 
 
+def write_file(real: Path, data: bytes, offset: int | None) -> None:
+    """One ``write(2)`` (``pwrite`` at ``offset``) to an existing file, as sysfs expects."""
+    # O_TRUNC is what `echo >` does (sysfs and procfs ignore it); config space is written
+    # in place at an offset.
+    flags = os.O_WRONLY | (0 if offset is not None else os.O_TRUNC)
+    fd = os.open(real, flags)
+    try:
+        n = os.pwrite(fd, data, offset) if offset is not None else os.write(fd, data)
+        if n != len(data):
+            raise OSError(E.EIO, f"short write ({n} of {len(data)} bytes)")
+    finally:
+        os.close(fd)
+
+
+#: Crash tests: "kill-before-write:N" / "kill-after-write:N" SIGKILL this process just before or
+#: just after its N-th write to the host (docs/usage.md, "Fault injection for tests").
+FAILPOINT_ENV = "GPUTUNED_FAILPOINT"
+
+
+def _parse_failpoint(text: str) -> tuple[str, int] | None:
+    if not text:
+        return None
+    kind, _, n = text.partition(":")
+    if kind not in ("kill-before-write", "kill-after-write") or not n.isdigit():
+        raise errors.GputunedError(
+            f"{FAILPOINT_ENV}={text!r}: use kill-before-write:N or kill-after-write:N"
+        )
+    return (kind.split("-")[1], int(n))
+
+
+def _die(where: str) -> None:
+    import signal
+    import sys
+
+    sys.stderr.write(f"gputuned: {FAILPOINT_ENV}: SIGKILL {where}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
-    """Turn an OSError into the gputuned exception that says what to do about it."""
+    """Turn an OSError into the gputuned exception that says what to do about it.
+
+    An OSError whose ``strerror`` is not the C library's text carries a reason of its own (the
+    tree's kernel model and procctl give one); it replaces the generic hint.
+    """
     code = exc.errno or 0
     what = f"{op} {hpath}"
     name = E.errorcode.get(code, str(code))
+    reason = exc.strerror if exc.strerror and exc.strerror != os.strerror(code) else None
     if code in (E.ENOENT, E.ENODEV, E.ENXIO, E.ESRCH):
         return errors.TargetGone(
-            f"{what}: not there ({name}); the device, IRQ, process or cgroup may have gone, "
-            "or this kernel does not have that interface",
+            f"{what}: not there ({name}); "
+            + (
+                reason
+                or "the device, IRQ, process or cgroup may have gone, "
+                "or this kernel does not have that interface"
+            ),
             path=hpath,
             errno=code,
         )
     if code in (E.EPERM, E.EACCES, E.EROFS):
-        hint = (
+        hint = reason or (
             "run gputunectl as root"
             if os.geteuid() != 0
             else "the kernel refused it; see the reason gputuned reports for this setting"
@@ -224,18 +388,26 @@ def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
         )
     if code in (E.EINVAL, E.ERANGE, E.EOVERFLOW):
         return errors.InvalidValue(
-            f"{what}: the kernel rejected the value ({name}); check the profile's value",
+            f"{what}: the kernel rejected the value ({name}); "
+            + (reason or "check the profile's value"),
             path=hpath,
             errno=code,
         )
     if code in (E.EOPNOTSUPP, E.ENOSYS, E.ENOTTY):
-        return errors.NotSupported(f"{what}: not supported here ({name})", path=hpath, errno=code)
+        tail = f"; {reason}" if reason else ""
+        return errors.NotSupported(
+            f"{what}: not supported here ({name}){tail}", path=hpath, errno=code
+        )
     if code == E.EBUSY:
         return errors.Busy(
-            f"{what}: busy ({name}); retry when the device is idle", path=hpath, errno=code
+            f"{what}: busy ({name}); {reason or 'retry when the device is idle'}",
+            path=hpath,
+            errno=code,
         )
     if code in (E.ENOSPC, E.EDQUOT):
         return errors.NoSpace(
-            f"{what}: no space left ({name}); free space on that filesystem", path=hpath, errno=code
+            f"{what}: no space left ({name}); {reason or 'free space on that filesystem'}",
+            path=hpath,
+            errno=code,
         )
     return errors.HostError(f"{what}: {exc.strerror or exc} ({name})", path=hpath, errno=code)

@@ -200,7 +200,7 @@ def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
     args = cmdline.split()
     if "pcie_aspm=off" in args:
         return AspmPolicy(value, choices, False, "pcie_aspm=off on the kernel command line")
-    if any(f.path == ASPM_POLICY and f.op == "write" for f in host.faults):
+    if any(f.path == ASPM_POLICY and f.op == "write" and f.recorded for f in host.faults):
         return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
     if host.live and value is not None:
         # Ask the kernel: writing the current policy back returns before changing anything when

@@ -45,7 +45,8 @@ def _stat_fields(text: str) -> tuple[str, list[str]]:
     return head.partition("(")[2], rest.split()
 
 
-def _read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
+def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
+    """One thread from ``base`` = /proc/PID/task/TID."""
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
     # After comm, fields are numbered from 3 (state): nice is field 19, rt_priority 40, policy 41.
     nice, rt_prio, policy = int(f[19 - 3]), int(f[40 - 3]), int(f[41 - 3])
@@ -76,7 +77,7 @@ def read_process(host: Host, pid: int) -> ProcInfo:
     threads = []
     for tid in tids:
         try:
-            threads.append(_read_thread(host, f"{base}/task/{tid}", tid))
+            threads.append(read_thread(host, f"{base}/task/{tid}", tid))
         except errors.TargetGone:
             continue  # the thread exited between listing and reading
     return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(threads))

@@ -19,3 +19,18 @@ def read_user_file(path: str | Path) -> bytes:
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ProfileError(str(path), [("", f"cannot read: {reason}; check the path")]) from exc
+
+
+def write_user_file_atomic(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` atomically (temporary file beside it, then rename), as node_exporter's
+    textfile collector requires: it must never read a half-written file."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ProfileError(str(path), [("", f"cannot write: {exc.strerror or exc}")]) from exc

@@ -78,7 +78,7 @@ class IrqTuner:
             return out
         sets = ctx.sets.sets
         gpu_irqs = {i.irq: g.bdf for g in ctx.snap.topo.gpus() for i in g.irqs}
-        known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write"}
+        known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write" and f.recorded}
         names = {i.irq: i.name for i in ctx.irqs}
         # irq -> (wanted CPUs, compare mode, why). GPU vectors get exactly their CPU; any other
         # IRQ only has to stay inside the others set ("cpulist_subset").

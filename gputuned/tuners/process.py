@@ -82,7 +82,9 @@ class Match(BaseModel):
 
     @field_validator("exe")
     @classmethod
-    def _absolute_exe(cls, value: str) -> str:
+    def _absolute_exe(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith("/"):
             raise ValueError(
                 f"{value!r} is not an absolute path; give the executable's full path as "
@@ -92,7 +94,9 @@ class Match(BaseModel):
 
     @field_validator("comm")
     @classmethod
-    def _short_comm(cls, value: str) -> str:
+    def _short_comm(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value:
             raise ValueError("must not be empty; give the command name as /proc/PID/comm shows it")
         if len(value) > COMM_MAX:
@@ -104,7 +108,9 @@ class Match(BaseModel):
 
     @field_validator("cmdline")
     @classmethod
-    def _compiles(cls, value: str) -> str:
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         try:
             re.compile(value)
         except re.error as exc:
@@ -116,7 +122,9 @@ class Match(BaseModel):
 
     @field_validator("unit")
     @classmethod
-    def _unit_name(cls, value: str) -> str:
+    def _unit_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         stem, dot, suffix = value.rpartition(".")
         if not (dot and stem and suffix in ("service", "scope") and "/" not in value):
             raise ValueError(
@@ -127,7 +135,9 @@ class Match(BaseModel):
 
     @field_validator("cgroup")
     @classmethod
-    def _cgroup_path(cls, value: str) -> str:
+    def _cgroup_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith("/"):
             raise ValueError(
                 f"{value!r} is not a cgroup path; write it as /proc/PID/cgroup shows it, "
@@ -262,12 +272,13 @@ class ProcessTuner:
         return out
 
     def _plan_proc(self, ctx: PlanContext, rule: Config, proc: ProcInfo) -> list[Change]:
-        """Settings for one process, in apply order: nice, policy, affinity, then cgroup.
+        """Settings for one process, in apply order: nice, policy, cgroup, then affinity.
 
-        Affinity goes before the cgroup move so that revert (newest first) moves the process
-        out of the partition before it widens the affinity again; since Linux 6.2 a cpuset
-        move keeps the user-requested mask (sched: "Always preserve the user requested
-        cpumask"), so per-thread placement survives the move.
+        The move comes before the affinity: once a partition holds its CPUs they leave every
+        other cgroup's effective set, so a thread outside the partition cannot be pinned to
+        them (sched_setaffinity returns EINVAL). On revert the affinity is restored while the
+        process is still inside; the kernel keeps only the part its cpuset allows, so revert
+        makes a second pass for such values once the process is back in its own cgroup.
         """
         label = f"pid {proc.pid} ({proc.comm}, {len(proc.threads)} threads)"
         why = f"process rule {rule.name!r}"
@@ -306,20 +317,6 @@ class ProcessTuner:
                 want,
             )
         cs = ctx.profile.cpuset
-        if rule.cpus != "keep":
-            cpus = ctx.sets.sets[rule.cpus]
-            isolated = cs is not None and cs.mode == "isolated"
-            plan = thread_cpus(threads, cpus, rule.spread_threads and isolated)
-            shown = format_cpulist(cpus)
-            if len(set(plan.values())) > 1:
-                main = format_cpulist(plan[proc.pid])
-                shown = f"one CPU each over {shown}, main thread alone on {main}"
-            per_thread(
-                "affinity",
-                {t.tid: format_cpulist(t.affinity) for t in threads},
-                {tid: format_cpulist(c) for tid, c in plan.items()},
-                shown,
-            )
         if cs is not None and rule.move_to_partition and cs.mode in ("root", "isolated"):
             want_cg = "/" + cs.cgroup
             mount = ctx.cgroup.v2_mount
@@ -338,6 +335,20 @@ class ProcessTuner:
                         in_sync=proc.cgroup == want_cg,
                     )
                 )
+        if rule.cpus != "keep":
+            cpus = ctx.sets.sets[rule.cpus]
+            isolated = cs is not None and cs.mode == "isolated"
+            plan = thread_cpus(threads, cpus, rule.spread_threads and isolated)
+            shown = format_cpulist(cpus)
+            if len(set(plan.values())) > 1:
+                main = format_cpulist(plan[proc.pid])
+                shown = f"one CPU each over {shown}, main thread alone on {main}"
+            per_thread(
+                "affinity",
+                {t.tid: format_cpulist(t.affinity) for t in threads},
+                {tid: format_cpulist(c) for tid, c in plan.items()},
+                shown,
+            )
         return out
 
 

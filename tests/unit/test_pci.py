@@ -485,4 +485,6 @@ WRITE_ERRORS = {
 
 @pytest.mark.parametrize("tree", sorted(WRITE_ERRORS))
 def test_write_errors_recorded(tree: str) -> None:
-    assert set(host(tree).faults) == {Fault(p, "write", errno.EPERM) for p in WRITE_ERRORS[tree]}
+    assert set(host(tree).faults) == {
+        Fault(p, "write", errno.EPERM, recorded=True) for p in WRITE_ERRORS[tree]
+    }

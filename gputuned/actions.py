@@ -1,0 +1,221 @@
+"""One write at a time: expand settings into operations, read old values, write, read back.
+
+An :class:`Op` is a single write to the host. A setting (:class:`~gputuned.changes.Change`)
+expands into one op, or one per thread for process settings. For each op this module knows how
+to read the value to journal (``read_old``), how to write a value (``write``), and how to tell
+whether the host now holds it (``holds``), with the same normalisation for both directions.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gputuned import errors
+from gputuned.changes import Change
+from gputuned.cpulist import parse_cpulist, parse_mask
+from gputuned.host import Host, state
+from gputuned.host.proc import read_thread
+
+ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
+
+
+@dataclass(frozen=True)
+class Op:
+    """A single write: identity ``key``, how (``kind``), where (``path``/``data``), what (``value``)."""
+
+    key: str
+    tuner: str
+    target: str
+    kind: str
+    path: str
+    value: str
+    compare: str = "text"
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Op:
+        return Op(**d)
+
+
+def expand(ch: Change) -> list[Op]:
+    """The ops that make ``ch`` true, in the order they must run."""
+    if ch.kind == "thread":
+        d = ch.data
+        return [
+            Op(
+                f"thread:{d['pid']}:{d['start']}:{tid}:{d['attr']}",
+                ch.tuner,
+                f"{ch.target} (thread {tid})",
+                d["attr"],
+                "",
+                str(value),
+                data={"pid": d["pid"], "start": d["start"], "tid": int(tid)},
+            )
+            for tid, value in sorted(d["threads"].items(), key=lambda kv: int(kv[0]))
+        ]
+    if ch.kind == "proc_cgroup":
+        return [Op(ch.key, ch.tuner, ch.target, ch.kind, "", ch.wanted, data=dict(ch.data))]
+    if ch.kind == "pcie":
+        return [
+            Op(
+                ch.key,
+                ch.tuner,
+                ch.target,
+                ch.kind,
+                ch.path,
+                str(ch.data["value"]),
+                data=dict(ch.data),
+            )
+        ]
+    if ch.kind in ("cgroup", "controller", "file"):
+        return [Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, ch.wanted, data=dict(ch.data))]
+    return [Op(ch.key, ch.tuner, ch.target, "sysfs", ch.path, ch.wanted, ch.compare)]
+
+
+# -- process identity ---------------------------------------------------------------------------
+
+
+class Reused(errors.GputunedError):
+    """The PID now belongs to another process: never touch it."""
+
+
+def check_identity(host: Host, op: Op) -> None:
+    """(pid, start time) must still match; a PID can be reused (proc(5) field 22, starttime)."""
+    pid, start = op.data["pid"], op.data["start"]
+    text = host.read_text(f"/proc/{pid}/stat")
+    now = int(text.rpartition(")")[2].split()[22 - 3])
+    if now != start:
+        raise Reused(f"PID {pid} was reused by another process (start time {now}, not {start})")
+
+
+def _thread(host: Host, op: Op) -> tuple[int, int]:
+    return int(op.data["pid"]), int(op.data["tid"])
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def read_old(host: Host, op: Op) -> str:
+    """The current value, in the form that ``write`` takes to put it back exactly."""
+    k = op.kind
+    if k == "sysfs":
+        raw = host.read_text(op.path)
+        return writable_form(op.compare, raw)
+    if k == "pcie":
+        return str(_read_field(host, op))
+    if k == "cgroup":
+        return "present" if host.is_dir(op.path) else ABSENT
+    if k == "controller":
+        have = (host.read_optional(op.path) or "").split()
+        return "present" if op.data["controller"] in have else ABSENT
+    if k == "file":
+        return host.read_text(op.path) if host.exists(op.path) else ABSENT
+    if k in ("nice", "affinity", "policy"):
+        check_identity(host, op)
+        pid, tid = _thread(host, op)
+        t = read_thread(host, f"/proc/{pid}/task/{tid}", tid)
+        if k == "nice":
+            return str(t.nice)
+        if k == "policy":
+            return f"{t.policy}:{t.rt_priority}" if t.policy in ("fifo", "rr") else t.policy
+        return _fmt(t.affinity)
+    if k == "proc_cgroup":
+        check_identity(host, op)
+        for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
+            if line.startswith("0::"):
+                return line[3:]
+        return "/"
+    raise ValueError(f"unknown op kind {k!r}")
+
+
+def writable_form(compare: str, raw: str) -> str:
+    """What to write to a sysfs file so that it reads ``raw`` again."""
+    text = raw.strip()
+    if compare == "policy":
+        m = re.search(r"\[(\w+)\]", text)
+        return m.group(1) if m else text
+    if compare == "partition":
+        return text.split()[0] if text else "member"
+    return text
+
+
+def _fmt(cpus: frozenset[int]) -> str:
+    from gputuned.cpulist import format_cpulist
+
+    return format_cpulist(cpus)
+
+
+def _read_field(host: Host, op: Op) -> int:
+    reg = int(struct.unpack("<H", host.read_bytes(op.path, op.data["offset"], 2))[0])
+    return int((reg & op.data["mask"]) >> op.data["shift"])
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def write(host: Host, op: Op, value: str) -> None:
+    """Put ``value`` in place. Process ops check identity first."""
+    k = op.kind
+    if k == "sysfs":
+        host.write_text(op.path, value if value else "\n")
+    elif k == "pcie":
+        off, mask, shift = op.data["offset"], op.data["mask"], op.data["shift"]
+        reg = int(struct.unpack("<H", host.read_bytes(op.path, off, 2))[0])
+        new = (reg & ~mask) | ((int(value) << shift) & mask)
+        if new != reg:
+            host.write_bytes(op.path, struct.pack("<H", new), offset=off)
+    elif k == "cgroup":
+        if value == ABSENT:
+            if host.is_dir(op.path):
+                host.rmdir(op.path)
+        elif not host.is_dir(op.path):
+            host.mkdir(op.path)
+    elif k == "controller":
+        sign = "-" if value == ABSENT else "+"
+        host.write_text(op.path, f"{sign}{op.data['controller']}")
+    elif k == "file":
+        if value == ABSENT:
+            state.remove(host, op.path)
+        else:
+            state.replace_durable(host, op.path, value.encode(), mode=0o644)
+    elif k in ("nice", "affinity", "policy"):
+        check_identity(host, op)
+        _, tid = _thread(host, op)
+        if k == "nice":
+            host.set_nice(tid, int(value))
+        elif k == "affinity":
+            host.set_affinity(tid, parse_cpulist(value))
+        else:
+            pol, _, prio = value.partition(":")
+            host.set_scheduler(tid, pol, int(prio or 0))
+    elif k == "proc_cgroup":
+        check_identity(host, op)
+        host.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
+    else:
+        raise ValueError(f"unknown op kind {k!r}")
+
+
+def holds(host: Host, op: Op, value: str) -> tuple[bool, str]:
+    """Read back: does the host hold ``value``? Returns (yes, what was read)."""
+    if op.kind == "sysfs":
+        raw = host.read_text(op.path).strip()
+        if op.compare == "partition" and "invalid" in raw:
+            return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
+        return same(op.compare, writable_form(op.compare, raw), value), raw
+    now = read_old(host, op)
+    return now == value, now
+
+
+def same(compare: str, have: str, want: str) -> bool:
+    if compare in ("cpulist", "cpulist_subset"):
+        h, w = parse_cpulist(have), parse_cpulist(want)
+        return h <= w if compare == "cpulist_subset" else h == w
+    if compare == "mask":
+        return parse_mask(have) == parse_mask(want)
+    return have == want

@@ -1,0 +1,290 @@
+"""apply and revert: journal, write, read back; undo on failure; restore newest first.
+
+The order for every write: read the old value, append it to the journal and fsync, write,
+read back. A crash anywhere leaves a journal naming everything that may have changed, so
+``revert`` (or the next daemon start) can put it back.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gputuned import errors
+from gputuned.actions import Op, Reused, expand, holds, read_old, write
+from gputuned.changes import Change
+from gputuned.engine import PlanResult, plan_profile
+from gputuned.host import Host
+from gputuned.host.state import (
+    ACTIVE,
+    STATE,
+    HostLock,
+    read_optional_bytes,
+    remove,
+    replace_durable,
+)
+from gputuned.journal import Entry, Journal
+from gputuned.profile import Profile
+
+log = logging.getLogger(__name__)
+
+
+class ApplyError(errors.GputunedError):
+    """An apply failed part-way; what it had written is reverted unless --keep-going."""
+
+    def __init__(self, message: str, report: ApplyReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class ReadBackMismatch(errors.HostError):
+    """The write returned success but the host reads back something else."""
+
+
+@dataclass
+class ApplyReport:
+    written: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # exited or reused processes
+    not_possible: dict[str, dict[str, str]] = field(default_factory=dict)  # setting key -> why
+    failed: list[dict[str, str]] = field(default_factory=list)
+    restored: list[dict[str, str]] = field(default_factory=list)  # leftovers of another profile
+    rolled_back: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "written": self.written,
+            "skipped": self.skipped,
+            "not_possible": self.not_possible,
+            "failed": self.failed,
+            "restored": self.restored,
+            "rolled_back": self.rolled_back,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
+    """Host limits (not gputuned failures): skip the setting and say why."""
+    code = getattr(exc, "errno", None)
+    if op.kind == "sysfs" and op.path.startswith("/proc/irq/"):
+        if code == E.EIO:
+            return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
+        if code == E.EPERM:
+            return "unmovable (EPERM): the kernel refuses to move this IRQ"
+    if isinstance(exc, ReadBackMismatch) and op.kind == "pcie":
+        return f"the device keeps this register field read-only: {exc}"
+    if op.kind == "policy" and isinstance(exc, errors.PermissionDenied):
+        return str(exc)
+    if op.path.endswith("/pcie_aspm/parameters/policy") and code == E.EPERM:
+        return "firmware owns ASPM: the kernel refuses policy writes (EPERM)"
+    return None
+
+
+def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
+    """Journal and write one op. Returns (old value, journal entry is new), None if no-op."""
+    if holds(host, op, op.value)[0]:
+        return None  # already right (a thread that had it, an IRQ inside the allowed set)
+    old = read_old(host, op)
+    new_entry = journal.save(op, old)
+    try:
+        write(host, op, op.value)
+        ok, seen = holds(host, op, op.value)
+        if not ok:
+            raise ReadBackMismatch(
+                f"{op.target}: wrote {op.value!r}, reads back {seen!r}", path=op.path
+            )
+    except BaseException:
+        if new_entry:
+            _restore_quietly(host, op, old)
+            journal.drop(op.key)
+        raise
+    return old, new_entry
+
+
+def _restore_quietly(host: Host, op: Op, old: str) -> None:
+    try:
+        write(host, op, old)
+    except errors.GputunedError as exc:
+        log.debug("%s: %s: restore after a failed write failed too: %s", op.tuner, op.target, exc)
+
+
+def managed_op_keys(settings: list[Change]) -> set[str]:
+    return {op.key for ch in settings if not ch.report_only for op in expand(ch)}
+
+
+def apply_profile(
+    host: Host, profile: Profile, *, keep_going: bool = False, source: str = ""
+) -> tuple[PlanResult, ApplyReport]:
+    """Make the host match ``profile``; only differences are written."""
+    t0 = time.monotonic()
+    with HostLock(host):
+        plan = plan_profile(host, profile)
+        journal = Journal(host)
+        report = ApplyReport()
+        undo: list[tuple[Op, str, bool]] = []
+        for ch in plan.settings:
+            if ch.in_sync or ch.report_only:
+                continue
+            for op in expand(ch):
+                try:
+                    done = _one(host, journal, op)
+                except (errors.TargetGone, Reused) as exc:
+                    if op.kind in ("nice", "affinity", "policy", "proc_cgroup"):
+                        report.skipped.append({"target": op.target, "reason": str(exc)})
+                        continue
+                    why = None
+                    failure: errors.GputunedError = exc
+                except errors.GputunedError as exc:
+                    why = _not_possible_reason(op, exc)
+                    failure = exc
+                else:
+                    if done is not None:
+                        undo.append((op, done[0], done[1]))
+                        report.written.append(
+                            {"target": op.target, "old": done[0], "new": op.value}
+                        )
+                    continue
+                if why is not None:
+                    report.not_possible[ch.key] = {"target": ch.target, "reason": why}
+                    continue
+                report.failed.append({"target": op.target, "error": str(failure)})
+                if not keep_going:
+                    _rollback(host, journal, undo)
+                    report.rolled_back = True
+                    report.seconds = time.monotonic() - t0
+                    raise ApplyError(
+                        f"apply {profile.name}: {op.tuner} {op.target} failed: {failure}; "
+                        f"the {len(undo)} write(s) before it were reverted "
+                        "(use --keep-going to keep them and continue)",
+                        report,
+                    ) from failure
+        _restore_leftovers(host, journal, managed_op_keys(plan.settings), report)
+        journal.compact()
+        _record(host, profile, source, report)
+        report.seconds = time.monotonic() - t0
+        return plan, report
+
+
+def _rollback(host: Host, journal: Journal, undo: list[tuple[Op, str, bool]]) -> None:
+    for op, old, new_entry in reversed(undo):
+        try:
+            write(host, op, old)
+        except errors.GputunedError as exc:
+            log.error("%s: %s: rollback failed: %s (kept in the journal)", op.tuner, op.target, exc)
+            continue
+        if new_entry:
+            journal.drop(op.key)
+
+
+def _restore_leftovers(
+    host: Host, journal: Journal, managed: set[str], report: ApplyReport
+) -> None:
+    """Settings journaled by an earlier profile that this one does not manage go back."""
+    todo = [e for e in journal.newest_first() if e.op.key not in managed]
+    _restore_entries(host, journal, todo, report.restored, report.failed)
+
+
+def _restore_entries(
+    host: Host,
+    journal: Journal,
+    entries: list[Entry],
+    restored: list[dict[str, str]],
+    failed: list[dict[str, str]],
+) -> None:
+    """Restore newest first, every entry even after errors; then one more pass for the rest.
+
+    The second pass catches values that depend on an older entry restored later in the first
+    pass: a thread's affinity reads back narrowed while its process is still in the partition
+    (the kernel intersects it with the cpuset) and holds once the process is back outside.
+    """
+    errs: dict[str, str] = {}
+    for attempt in (1, 2):
+        left = []
+        for entry in entries:
+            err = _restore(host, entry.op, entry.old)
+            if err is None:
+                journal.drop(entry.op.key)
+                restored.append({"target": entry.op.target, "value": entry.old})
+            else:
+                errs[entry.op.key] = err
+                left.append(entry)
+        entries = left
+        if not entries:
+            break
+        log.info("revert: pass %d left %d value(s) to retry", attempt, len(entries))
+    failed += [{"target": e.op.target, "error": errs[e.op.key]} for e in entries]
+
+
+def _restore(host: Host, op: Op, old: str) -> str | None:
+    """Put ``old`` back; None on success (or when the process is gone), else the error."""
+    check = replace(op, compare="cpulist") if op.compare == "cpulist_subset" else op
+    try:
+        if holds(host, check, old)[0]:
+            return None  # already the original (the write never happened, or was undone)
+        write(host, check, old)
+        ok, seen = holds(host, check, old)
+    except (errors.TargetGone, Reused) as exc:
+        if op.kind in ("nice", "affinity", "policy", "proc_cgroup"):
+            log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
+            return None
+        return str(exc)
+    except errors.GputunedError as exc:
+        return str(exc)
+    return None if ok else f"wrote {old!r}, reads back {seen!r}"
+
+
+@dataclass
+class RevertReport:
+    restored: list[dict[str, str]] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"restored": self.restored, "failed": self.failed, "seconds": round(self.seconds, 4)}
+
+
+def revert_all(host: Host, *, forget_profile: bool = True) -> RevertReport:
+    """Restore every journaled value, newest first, trying all even after errors."""
+    t0 = time.monotonic()
+    report = RevertReport()
+    with HostLock(host):
+        journal = Journal(host)
+        _restore_entries(
+            host, journal, list(journal.newest_first()), report.restored, report.failed
+        )
+        journal.compact()
+        if not report.failed:
+            remove(host, STATE)
+            if forget_profile:
+                remove(host, ACTIVE)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _record(host: Host, profile: Profile, source: str, report: ApplyReport) -> None:
+    state = {
+        "profile": profile.name,
+        "source": source,
+        "applied_at": time.time(),
+        "not_possible": report.not_possible,
+    }
+    replace_durable(host, STATE, json.dumps(state, indent=1).encode())
+    active = {
+        "source": source,
+        "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+    replace_durable(host, ACTIVE, json.dumps(active, indent=1).encode(), mode=0o644)
+
+
+def read_state(host: Host) -> dict[str, Any]:
+    raw = read_optional_bytes(host, STATE)
+    return dict(json.loads(raw)) if raw else {}
+
+
+def read_active(host: Host) -> dict[str, Any] | None:
+    raw = read_optional_bytes(host, ACTIVE)
+    return dict(json.loads(raw)) if raw else None

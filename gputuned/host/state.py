@@ -1,0 +1,154 @@
+"""gputuned's own state files under the host root: the journal, the lock, the active profile.
+
+/run/gputuned holds what dies with the boot (the journal of original values, the lock), since
+runtime settings die with it too; /etc/gputuned holds the profile to apply at the next boot.
+Every write here is durable before it returns: the journal is fsynced before the setting it
+protects is touched.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import fcntl
+import os
+import stat
+from dataclasses import dataclass
+
+from gputuned import errors
+from gputuned.host.fs import Host, translate
+
+RUN_DIR = "/run/gputuned"
+ETC_DIR = "/etc/gputuned"
+JOURNAL = f"{RUN_DIR}/journal.jsonl"
+LOCK = f"{RUN_DIR}/lock"
+STATE = f"{RUN_DIR}/state.json"
+ACTIVE = f"{ETC_DIR}/active.json"
+GRUB_DROPIN = "/etc/default/grub.d/gputuned.cfg"
+
+
+def ensure_dir(host: Host, hpath: str, mode: int = 0o700) -> None:
+    real = host.path(hpath)
+    try:
+        real.mkdir(mode=mode, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise translate(exc, "create directory", hpath) from exc
+
+
+def check_private(host: Host, hpath: str) -> None:
+    """Refuse state files others could have written: they decide what gputuned writes as root."""
+    try:
+        st = os.lstat(host.path(hpath))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise translate(exc, "stat", hpath) from exc
+    if stat.S_ISLNK(st.st_mode) or st.st_mode & 0o022 or (host.live and st.st_uid != 0):
+        raise errors.PermissionDenied(
+            f"{hpath} is a link, or writable by others, or not owned by root; gputuned will not "
+            "trust it: check who made it, then remove it",
+            path=hpath,
+            errno=E.EPERM,
+        )
+
+
+def append_durable(host: Host, hpath: str, line: bytes) -> None:
+    """Append one line and fsync it (and the directory when the file is new)."""
+    ensure_dir(host, hpath.rsplit("/", 1)[0])
+    check_private(host, hpath)
+    real = host.path(hpath)
+    new = not real.exists()
+    try:
+        fd = os.open(real, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(E.EIO, "short write to the journal")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if new:
+            _fsync_dir(real.parent)
+    except OSError as exc:
+        raise translate(exc, "append to", hpath) from exc
+
+
+def replace_durable(host: Host, hpath: str, data: bytes, mode: int = 0o600) -> None:
+    """Write a whole file atomically: a temporary beside it, fsync, rename, fsync the directory."""
+    ensure_dir(host, hpath.rsplit("/", 1)[0])
+    check_private(host, hpath)
+    real = host.path(hpath)
+    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, real)
+        _fsync_dir(real.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise translate(exc, "write", hpath) from exc
+
+
+def remove(host: Host, hpath: str) -> None:
+    try:
+        host.path(hpath).unlink(missing_ok=True)
+    except OSError as exc:
+        raise translate(exc, "remove", hpath) from exc
+
+
+def read_optional_bytes(host: Host, hpath: str) -> bytes | None:
+    check_private(host, hpath)
+    try:
+        return host.path(hpath).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise translate(exc, "read", hpath) from exc
+
+
+def _fsync_dir(path: os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class HostLock:
+    """One apply or revert at a time per host: an exclusive flock on /run/gputuned/lock."""
+
+    host: Host
+    fd: int = -1
+
+    def __enter__(self) -> HostLock:
+        ensure_dir(self.host, RUN_DIR)
+        real = self.host.path(LOCK)
+        try:
+            self.fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise translate(exc, "open lock", LOCK) from exc
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(self.fd, 64).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            self.fd = -1
+            raise errors.Busy(
+                f"another gputuned apply or revert is running (PID {holder}); wait for it to "
+                "finish, or use gputunectl status to see what it is doing",
+                path=LOCK,
+                errno=E.EWOULDBLOCK,
+            ) from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,124 @@
+"""The journal of original values: written and fsynced before each write it protects.
+
+Format: JSON lines in /run/gputuned/journal.jsonl, version 1.
+
+    {"v": 1, "op": "save", "entry": {<Op fields>, "old": "<value before the first change>"}}
+    {"v": 1, "op": "drop", "key": "<op key>"}
+
+Folding the lines gives the entries: the first ``save`` of a key wins (it holds the value from
+before gputuned touched the setting; re-applying or switching profiles never overwrites it), and a
+``drop`` forgets the key once its old value is back. Appending only, with fsync, means a crash
+at any point leaves a journal that names every setting that may have changed. A truncated last
+line (a crash mid-append, before fsync returned) is ignored: its write had not started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gputuned import errors
+from gputuned.actions import Op
+from gputuned.host import Host
+from gputuned.host.state import (
+    JOURNAL,
+    append_durable,
+    read_optional_bytes,
+    remove,
+    replace_durable,
+)
+
+log = logging.getLogger(__name__)
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    op: Op
+    old: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.op.to_json(), "old": self.old}
+
+
+class Journal:
+    """The folded journal of one host, kept in step with the file."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._entries: dict[str, Entry] = {}
+        self._load()
+
+    def _load(self) -> None:
+        raw = read_optional_bytes(self.host, JOURNAL)
+        if raw is None:
+            return
+        lines = raw.split(b"\n")
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(lines):  # torn last line: the append never completed
+                    log.warning("journal: ignoring a torn last line (crash during append)")
+                    continue
+                raise errors.GputunedError(
+                    f"{JOURNAL} line {n} is corrupt; fix or remove it by hand after checking "
+                    "what it held (gputuned cannot revert what it cannot read)"
+                ) from None
+            if rec.get("v") != VERSION:
+                raise errors.GputunedError(f"{JOURNAL}: unknown journal version {rec.get('v')!r}")
+            if rec["op"] == "save":
+                d = dict(rec["entry"])
+                old = d.pop("old")
+                op = Op.from_json(d)
+                self._entries.setdefault(op.key, Entry(op, old))
+            elif rec["op"] == "drop":
+                self._entries.pop(rec["key"], None)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[Entry]:
+        """Oldest first."""
+        return list(self._entries.values())
+
+    def newest_first(self) -> Iterator[Entry]:
+        return reversed(list(self._entries.values()))
+
+    def get(self, key: str) -> Entry | None:
+        return self._entries.get(key)
+
+    def save(self, op: Op, old: str) -> bool:
+        """Record ``old`` for ``op`` durably, unless the key is already journaled. True if new."""
+        if op.key in self._entries:
+            return False
+        entry = Entry(op, old)
+        line = json.dumps({"v": VERSION, "op": "save", "entry": entry.to_json()}) + "\n"
+        append_durable(self.host, JOURNAL, line.encode())
+        self._entries[op.key] = entry
+        return True
+
+    def drop(self, key: str) -> None:
+        if key not in self._entries:
+            return
+        line = json.dumps({"v": VERSION, "op": "drop", "key": key}) + "\n"
+        append_durable(self.host, JOURNAL, line.encode())
+        del self._entries[key]
+
+    def compact(self) -> None:
+        """Rewrite the file with only live entries (atomically), or remove it when empty."""
+        if not self._entries:
+            remove(self.host, JOURNAL)
+            return
+        lines = [
+            json.dumps({"v": VERSION, "op": "save", "entry": e.to_json()}) for e in self.entries()
+        ]
+        replace_durable(self.host, JOURNAL, ("\n".join(lines) + "\n").encode())
