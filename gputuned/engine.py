@@ -62,7 +62,11 @@ def _change_json(c: Change) -> dict[str, Any]:
 
 
 def read_context(host: Host, profile: Profile) -> PlanContext:
-    snap = snapshot(host)
+    pp = profile.pcie_payload
+    need_nvml = any(r.match.uses_gpu is not None for r in profile.process) or (
+        pp is not None and pp.mps != "keep"
+    )
+    snap = snapshot(host, nvml=need_nvml)
     cpus = read_host_cpus(host, snap.topo, snap.nvml)
     return PlanContext(
         host=host,

@@ -28,10 +28,13 @@ class Snapshot:
     cmdline: str
 
 
-def snapshot(host: Host) -> Snapshot:
+def snapshot(host: Host, *, nvml: bool = True) -> Snapshot:
+    """Read the PCI tree, ASPM policy and command line; NVML only when ``nvml`` (it is slow to
+    initialise, and plan needs it only for "uses GPU N" rules and the busy check before MPS)."""
     topo = scan(host)
     cmdline = read_cmdline(host)
-    return Snapshot(topo, read_gpus(host), read_aspm_policy(host, topo, cmdline), cmdline)
+    gpus = read_gpus(host) if nvml else None
+    return Snapshot(topo, gpus, read_aspm_policy(host, topo, cmdline), cmdline)
 
 
 def link_findings(dev: PciDevice, busy: bool | None) -> list[dict[str, str]]:

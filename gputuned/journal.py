@@ -110,7 +110,8 @@ class Journal:
         if key not in self._entries:
             return
         line = json.dumps({"v": VERSION, "op": "drop", "key": key}) + "\n"
-        append_durable(self.host, JOURNAL, line.encode())
+        # Not fsynced: a lost "drop" only makes a later revert find the value already back.
+        append_durable(self.host, JOURNAL, line.encode(), sync=False)
         del self._entries[key]
 
     def compact(self) -> None:

@@ -93,7 +93,16 @@ class Host:
     def path(self, hpath: str) -> Path:
         """Map a host-absolute path (``/sys/...``) to the real path under the root."""
         parts = _components(hpath)
-        return self.root.joinpath(*parts) if parts else self.root
+        return Path(self.real(hpath)) if parts else self.root
+
+    def real(self, hpath: str) -> str:
+        """Like :meth:`path`, as a string: one join, no pathlib parsing (every read uses it)."""
+        return self._root_prefix + "/".join(_components(hpath))
+
+    @property
+    def _root_prefix(self) -> str:
+        r = str(self.root)
+        return r if r.endswith("/") else r + "/"
 
     def resolve(self, hpath: str) -> str:
         """Follow symbolic links component by component, never leaving the root.
@@ -129,23 +138,23 @@ class Host:
     # -- queries -------------------------------------------------------------------------
 
     def exists(self, hpath: str) -> bool:
-        return self.path(hpath).exists()
+        return os.path.exists(self.real(hpath))
 
     def is_dir(self, hpath: str) -> bool:
-        return self.path(hpath).is_dir()
+        return os.path.isdir(self.real(hpath))
 
     def listdir(self, hpath: str) -> list[str]:
         """Sorted entries of a directory; translated errors if it is missing."""
         with self._translate("list", hpath):
-            return sorted(os.listdir(self.path(hpath)))
+            return sorted(os.listdir(self.real(hpath)))
 
     def readlink(self, hpath: str) -> str:
         with self._translate("read link", hpath):
-            return os.readlink(self.path(hpath))
+            return os.readlink(self.real(hpath))
 
     def read_bytes(self, hpath: str, offset: int = 0, size: int = -1) -> bytes:
         self._check_fault("read", hpath)
-        with self._translate("read", hpath), open(self.path(hpath), "rb") as f:
+        with self._translate("read", hpath), open(self.real(hpath), "rb") as f:
             if offset:
                 f.seek(offset)
             return f.read(size)
@@ -167,7 +176,7 @@ class Host:
 
     def mode(self, hpath: str) -> int:
         with self._translate("stat", hpath):
-            return stat.S_IMODE(os.stat(self.path(hpath)).st_mode)
+            return stat.S_IMODE(os.stat(self.real(hpath)).st_mode)
 
     # -- writes --------------------------------------------------------------------------
 
@@ -196,7 +205,7 @@ class Host:
         self._check_fault("mkdir", hpath)
         with self._translate("mkdir", hpath):
             if self.live:
-                os.mkdir(self.path(hpath))
+                os.mkdir(self.real(hpath))
             else:
                 self._kernel().mkdir(self.resolve(hpath))
         self._wrote(WriteRecord(f"{hpath}:mkdir", b""))
@@ -209,7 +218,7 @@ class Host:
                 self._kernel().rmdir(self.resolve(hpath))
             else:
                 try:
-                    os.rmdir(self.path(hpath))
+                    os.rmdir(self.real(hpath))
                 except OSError as exc:
                     if exc.errno != E.EBUSY:
                         raise

@@ -59,8 +59,11 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
     )
 
 
-def read_process(host: Host, pid: int) -> ProcInfo:
-    """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile."""
+def read_process(host: Host, pid: int, *, threads: bool = True) -> ProcInfo:
+    """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
+
+    ``threads=False`` skips the per-thread files: enough to match a process against rules.
+    """
     base = f"/proc/{pid}"
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
     start = int(f[22 - 3])
@@ -73,22 +76,22 @@ def read_process(host: Host, pid: int) -> ProcInfo:
     for line in host.read_text(f"{base}/cgroup").splitlines():
         if line.startswith("0::"):
             cgroup = line[3:]
-    tids = sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit())
-    threads = []
-    for tid in tids:
-        try:
-            threads.append(read_thread(host, f"{base}/task/{tid}", tid))
-        except errors.TargetGone:
-            continue  # the thread exited between listing and reading
-    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(threads))
+    found = []
+    if threads:
+        for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):
+            try:
+                found.append(read_thread(host, f"{base}/task/{tid}", tid))
+            except errors.TargetGone:
+                continue  # the thread exited between listing and reading
+    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(found))
 
 
-def iter_processes(host: Host) -> list[ProcInfo]:
-    """Every process readable now; those that exit while being read are skipped."""
+def iter_processes(host: Host, *, threads: bool = False) -> list[ProcInfo]:
+    """Every process readable now (without threads unless asked); exiting ones are skipped."""
     out = []
     for pid in list_pids(host):
         try:
-            out.append(read_process(host, pid))
+            out.append(read_process(host, pid, threads=threads))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     return out

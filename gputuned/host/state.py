@@ -51,8 +51,12 @@ def check_private(host: Host, hpath: str) -> None:
         )
 
 
-def append_durable(host: Host, hpath: str, line: bytes) -> None:
-    """Append one line and fsync it (and the directory when the file is new)."""
+def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+    """Append one line and fsync it (and the directory when the file is new).
+
+    ``sync=False`` is for records whose loss is harmless (the journal's "drop": replaying a
+    restore that already happened finds the value in place and writes nothing).
+    """
     ensure_dir(host, hpath.rsplit("/", 1)[0])
     check_private(host, hpath)
     real = host.path(hpath)
@@ -62,7 +66,8 @@ def append_durable(host: Host, hpath: str, line: bytes) -> None:
         try:
             if os.write(fd, line) != len(line):
                 raise OSError(E.EIO, "short write to the journal")
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if new:

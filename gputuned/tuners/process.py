@@ -46,9 +46,10 @@ from pydantic import (
     model_validator,
 )
 
+from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
-from gputuned.host.proc import ProcInfo, ThreadInfo
+from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
 COMM_MAX = 15
@@ -268,7 +269,12 @@ class ProcessTuner:
                     f"process[{rule.name}]: no running process matches; it is placed when it starts"
                 )
             for proc in found:
-                out.changes += self._plan_proc(ctx, rule, proc)
+                try:  # the scan read no threads: read them for the processes that matter
+                    full = read_process(ctx.host, proc.pid)
+                except errors.TargetGone:
+                    continue  # exited since the scan
+                if full.start_time == proc.start_time:
+                    out.changes += self._plan_proc(ctx, rule, full)
         return out
 
     def _plan_proc(self, ctx: PlanContext, rule: Config, proc: ProcInfo) -> list[Change]:
