@@ -16,7 +16,7 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist, parse_mask
-from gputuned.host import Host, state
+from gputuned.host import Host, irqbalance, state
 from gputuned.host.proc import read_thread
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
@@ -59,7 +59,7 @@ def expand(ch: Change) -> list[Op]:
             )
             for tid, value in sorted(d["threads"].items(), key=lambda kv: int(kv[0]))
         ]
-    if ch.kind == "proc_cgroup":
+    if ch.kind in ("proc_cgroup", "irqbalance"):
         return [Op(ch.key, ch.tuner, ch.target, ch.kind, "", ch.wanted, data=dict(ch.data))]
     if ch.kind == "pcie":
         return [
@@ -125,6 +125,10 @@ def read_old(host: Host, op: Op) -> str:
         if k == "policy":
             return f"{t.policy}:{t.rt_priority}" if t.policy in ("fifo", "rr") else t.policy
         return _fmt(t.affinity)
+    if k == "irqbalance":
+        check_identity(host, op)
+        cpus, irqs = irqbalance.read_settings(host, int(op.data["pid"]))
+        return _fmt(cpus) if op.data["attr"] == "cpus" else " ".join(map(str, irqs))
     if k == "proc_cgroup":
         check_identity(host, op)
         for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
@@ -194,6 +198,13 @@ def write(host: Host, op: Op, value: str) -> None:
         else:
             pol, _, prio = value.partition(":")
             host.set_scheduler(tid, pol, int(prio or 0))
+    elif k == "irqbalance":
+        check_identity(host, op)
+        pid = int(op.data["pid"])
+        if op.data["attr"] == "cpus":
+            irqbalance.ban_cpus(host, pid, parse_cpulist(value))
+        else:
+            irqbalance.ban_irqs(host, pid, tuple(int(n) for n in value.split()))
     elif k == "proc_cgroup":
         check_identity(host, op)
         host.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
@@ -201,13 +212,17 @@ def write(host: Host, op: Op, value: str) -> None:
         raise ValueError(f"unknown op kind {k!r}")
 
 
-def holds(host: Host, op: Op, value: str) -> tuple[bool, str]:
+def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tuple[bool, str]:
     """Read back: does the host hold ``value``? Returns (yes, what was read)."""
     if op.kind == "sysfs":
         raw = host.read_text(op.path).strip()
         if op.compare == "partition" and "invalid" in raw:
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
+    if op.kind == "irqbalance" and just_written:
+        # irqbalance takes new settings at its next rescan (its sleep interval, 10 s by
+        # default), so an immediate "setup" still shows the old ones; verify checks later.
+        return True, value
     now = read_old(host, op)
     return now == value, now
 

@@ -92,7 +92,7 @@ def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
     new_entry = journal.save(op, old)
     try:
         write(host, op, op.value)
-        ok, seen = holds(host, op, op.value)
+        ok, seen = holds(host, op, op.value, just_written=True)
         if not ok:
             raise ReadBackMismatch(
                 f"{op.target}: wrote {op.value!r}, reads back {seen!r}", path=op.path
@@ -226,7 +226,7 @@ def _restore(host: Host, op: Op, old: str) -> str | None:
         if holds(host, check, old)[0]:
             return None  # already the original (the write never happened, or was undone)
         write(host, check, old)
-        ok, seen = holds(host, check, old)
+        ok, seen = holds(host, check, old, just_written=True)
     except (errors.TargetGone, Reused) as exc:
         if op.kind in ("nice", "affinity", "policy", "proc_cgroup"):
             log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)

@@ -82,6 +82,12 @@ class Host:
                 assert isinstance(we, dict)
                 for p, name in we.items():
                     self.faults.append(Fault(str(p), "write", _ERRNO_NAMES[str(name)], True))
+                # "inject": faults the host did not show at capture, for fault tests through
+                # the CLI: [{"path": ..., "op": "write"|"read"|"mkdir"|"rmdir", "errno": "EIO"}]
+                inj = self.meta.get("inject", [])
+                assert isinstance(inj, list)
+                for f in inj:
+                    self.faults.append(Fault(f["path"], f["op"], _ERRNO_NAMES[f["errno"]]))
 
     @property
     def live(self) -> bool:

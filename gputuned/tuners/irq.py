@@ -28,8 +28,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, format_mask
+from gputuned.host import irqbalance
 
 
 class Config(BaseModel):
@@ -149,23 +151,65 @@ class IrqTuner:
         return out
 
     def _irqbalance(self, ctx: PlanContext, out: TunerPlan) -> None:
-        mode = ctx.profile.irq.irqbalance if ctx.profile.irq else "ignore"
-        pids = [p.pid for p in ctx.processes if p.comm == "irqbalance"]
-        if not pids or mode == "ignore":
+        """irqbalance would undo the placement: tell it, or say plainly that it conflicts.
+
+        It avoids only isolated and nohz_full CPUs and knows nothing of cpuset partitions
+        (irqbalance cputree.c), so "coordinate" bans every CPU outside irq.others_cpus and
+        the GPU vectors gputuned placed, through its socket.
+        """
+        cfg = ctx.profile.irq
+        procs = [p for p in ctx.processes if p.comm == "irqbalance"]
+        if cfg is None or not procs or cfg.irqbalance == "ignore":
             return
-        # irqbalance only avoids CPUs in /sys/devices/system/cpu/isolated and nohz_full; it
-        # does not know cpuset partitions and will move IRQs back (irqbalance cputree.c).
-        if mode == "coordinate":
-            out.notes.append(
-                f"irq: irqbalance runs (PID {pids[0]}): gputuned will tell it, through its socket "
-                "('settings cpus'), which CPUs it may use"
-            )
-        else:
+        proc = procs[0]
+        if cfg.irqbalance == "report":
             out.refused.append(
                 Refusal(
                     self.name,
                     "irqbalance",
-                    f"irqbalance runs (PID {pids[0]}) and will move IRQs back; stop it or set "
-                    "irq.irqbalance = 'coordinate'",
+                    f"irqbalance runs (PID {proc.pid}) and will move IRQs back onto the CPUs "
+                    "gputuned cleared; stop it, or set irq.irqbalance = 'coordinate'",
+                )
+            )
+            return
+        try:
+            banned, irqs = irqbalance.read_settings(ctx.host, proc.pid)
+        except errors.HostError as exc:
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    "irqbalance",
+                    f"irqbalance runs (PID {proc.pid}) but its socket did not answer ({exc}); "
+                    "it will move IRQs back: stop it or fix its socket",
+                )
+            )
+            return
+        sets = ctx.sets.sets
+        want_banned = (
+            ctx.cpus.online - sets[cfg.others_cpus] if cfg.others_cpus != "keep" else frozenset()
+        )
+        gpu_irqs = tuple(sorted(i.irq for g in ctx.snap.topo.gpus() for i in g.irqs))
+        want_irqs = gpu_irqs if cfg.gpu_cpus != "keep" else ()
+        data = {"pid": proc.pid, "start": proc.start_time}
+        for attr, have, want, why in (
+            ("cpus", format_cpulist(banned), format_cpulist(want_banned), "CPUs it must not use"),
+            ("irqs", " ".join(map(str, irqs)), " ".join(map(str, want_irqs)), "IRQs it must leave"),
+        ):
+            if attr == "cpus" and not want_banned:
+                continue
+            if attr == "irqs" and not want_irqs:
+                continue
+            out.changes.append(
+                Change(
+                    self.name,
+                    f"irqbalance (PID {proc.pid}) banned {attr}",
+                    have or "-",
+                    want,
+                    f"irq.irqbalance = coordinate: {why}",
+                    report_only=cfg.report_only,
+                    key=f"irqbalance:{attr}",
+                    kind="irqbalance",
+                    data={**data, "attr": attr},
+                    in_sync=have == want,
                 )
             )
