@@ -7,6 +7,7 @@ read back. A crash anywhere leaves a journal naming everything that may have cha
 
 from __future__ import annotations
 
+import contextlib
 import errno as E
 import json
 import logging
@@ -67,6 +68,9 @@ class ApplyReport:
         }
 
 
+PROCESS_KINDS = ("nice", "affinity", "policy", "proc_cgroup")
+
+
 def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
     """Host limits (not gputuned failures): skip the setting and say why."""
     code = getattr(exc, "errno", None)
@@ -117,56 +121,107 @@ def managed_op_keys(settings: list[Change]) -> set[str]:
 
 
 def apply_profile(
-    host: Host, profile: Profile, *, keep_going: bool = False, source: str = ""
+    host: Host,
+    profile: Profile,
+    *,
+    keep_going: bool = False,
+    source: str = "",
+    lock: bool = True,
+    registered: dict[int, str] | None = None,
 ) -> tuple[PlanResult, ApplyReport]:
-    """Make the host match ``profile``; only differences are written."""
+    """Make the host match ``profile``; only differences are written.
+
+    ``lock=False`` is for the daemon, which holds the host lock for its whole life.
+    ``registered`` maps PIDs placed by hand (``gputunectl register``) to a rule name.
+    """
     t0 = time.monotonic()
-    with HostLock(host):
-        plan = plan_profile(host, profile)
+    with HostLock(host) if lock else contextlib.nullcontext():
+        plan = plan_profile(host, profile, registered=registered)
         journal = Journal(host)
         report = ApplyReport()
-        undo: list[tuple[Op, str, bool]] = []
-        for ch in plan.settings:
-            if ch.in_sync or ch.report_only:
-                continue
-            for op in expand(ch):
-                try:
-                    done = _one(host, journal, op)
-                except (errors.TargetGone, Reused) as exc:
-                    if op.kind in ("nice", "affinity", "policy", "proc_cgroup"):
-                        report.skipped.append({"target": op.target, "reason": str(exc)})
-                        continue
-                    why = None
-                    failure: errors.GputunedError = exc
-                except errors.GputunedError as exc:
-                    why = _not_possible_reason(op, exc)
-                    failure = exc
-                else:
-                    if done is not None:
-                        undo.append((op, done[0], done[1]))
-                        report.written.append(
-                            {"target": op.target, "old": done[0], "new": op.value}
-                        )
-                    continue
-                if why is not None:
-                    report.not_possible[ch.key] = {"target": ch.target, "reason": why}
-                    continue
-                report.failed.append({"target": op.target, "error": str(failure)})
-                if not keep_going:
-                    _rollback(host, journal, undo)
-                    report.rolled_back = True
-                    report.seconds = time.monotonic() - t0
-                    raise ApplyError(
-                        f"apply {profile.name}: {op.tuner} {op.target} failed: {failure}; "
-                        f"the {len(undo)} write(s) before it were reverted "
-                        "(use --keep-going to keep them and continue)",
-                        report,
-                    ) from failure
+        try:
+            apply_settings(host, journal, plan.settings, report, keep_going=keep_going)
+        except ApplyError as exc:
+            report.seconds = time.monotonic() - t0
+            raise ApplyError(f"apply {profile.name}: {exc}", report) from exc.__cause__
         _restore_leftovers(host, journal, managed_op_keys(plan.settings), report)
         journal.compact()
         _record(host, profile, source, report)
         report.seconds = time.monotonic() - t0
         return plan, report
+
+
+def apply_settings(
+    host: Host,
+    journal: Journal,
+    settings: list[Change],
+    report: ApplyReport,
+    *,
+    keep_going: bool,
+) -> None:
+    """Write every setting that is not in sync (journal first, read back after).
+
+    On a failure without ``keep_going``, what this call wrote is undone and ApplyError raised.
+    """
+    undo: list[tuple[Op, str, bool]] = []
+    for ch in settings:
+        if ch.in_sync or ch.report_only:
+            continue
+        for op in expand(ch):
+            try:
+                done = _one(host, journal, op)
+            except (errors.TargetGone, Reused) as exc:
+                if op.kind in PROCESS_KINDS:
+                    report.skipped.append({"target": op.target, "reason": str(exc)})
+                    continue
+                why = None
+                failure: errors.GputunedError = exc
+            except errors.GputunedError as exc:
+                why = _not_possible_reason(op, exc)
+                failure = exc
+            else:
+                if done is not None:
+                    undo.append((op, done[0], done[1]))
+                    report.written.append({"target": op.target, "old": done[0], "new": op.value})
+                continue
+            if why is not None:
+                report.not_possible[ch.key] = {"target": ch.target, "reason": why}
+                continue
+            report.failed.append({"target": op.target, "error": str(failure)})
+            if not keep_going:
+                _rollback(host, journal, undo)
+                report.rolled_back = True
+                raise ApplyError(
+                    f"{op.tuner} {op.target} failed: {failure}; the {len(undo)} write(s) "
+                    "before it were reverted (use --keep-going to keep them and continue)",
+                    report,
+                ) from failure
+
+
+def forget_process(host: Host, pid: int) -> int:
+    """Drop the journal entries of a process that exited (nothing to restore). Returns count."""
+    journal = Journal(host)
+    gone = [
+        e.op.key
+        for e in journal.entries()
+        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") == pid
+    ]
+    for key in gone:
+        journal.drop(key)
+    return len(gone)
+
+
+def restore_process(host: Host, pid: int) -> RevertReport:
+    """Put one process's journaled values back (``gputunectl unregister``)."""
+    report = RevertReport()
+    journal = Journal(host)
+    mine = [
+        e
+        for e in journal.newest_first()
+        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") == pid
+    ]
+    _restore_entries(host, journal, mine, report.restored, report.failed)
+    return report
 
 
 def _rollback(host: Host, journal: Journal, undo: list[tuple[Op, str, bool]]) -> None:
@@ -228,7 +283,7 @@ def _restore(host: Host, op: Op, old: str) -> str | None:
         write(host, check, old)
         ok, seen = holds(host, check, old, just_written=True)
     except (errors.TargetGone, Reused) as exc:
-        if op.kind in ("nice", "affinity", "policy", "proc_cgroup"):
+        if op.kind in PROCESS_KINDS:
             log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
             return None
         return str(exc)
@@ -247,11 +302,11 @@ class RevertReport:
         return {"restored": self.restored, "failed": self.failed, "seconds": round(self.seconds, 4)}
 
 
-def revert_all(host: Host, *, forget_profile: bool = True) -> RevertReport:
+def revert_all(host: Host, *, forget_profile: bool = True, lock: bool = True) -> RevertReport:
     """Restore every journaled value, newest first, trying all even after errors."""
     t0 = time.monotonic()
     report = RevertReport()
-    with HostLock(host):
+    with HostLock(host) if lock else contextlib.nullcontext():
         journal = Journal(host)
         _restore_entries(
             host, journal, list(journal.newest_first()), report.restored, report.failed

@@ -85,6 +85,8 @@ class PlanContext:
     default_affinity: frozenset[int] | None
     cgroup: CgroupLayout
     processes: list[ProcInfo]
+    #: PIDs placed by hand (gputunectl register) -> name of the rule to place them by.
+    registered: dict[int, str] = field(default_factory=dict)
 
 
 class Tuner(Protocol):

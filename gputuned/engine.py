@@ -6,6 +6,7 @@ it lists only real differences and writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, Tuner
 from gputuned.host import Host
-from gputuned.host.proc import iter_processes
+from gputuned.host.proc import iter_processes, read_process
 from gputuned.host.system import (
     read_cgroup_layout,
     read_default_affinity,
@@ -61,7 +62,9 @@ def _change_json(c: Change) -> dict[str, Any]:
     return d
 
 
-def read_context(host: Host, profile: Profile) -> PlanContext:
+def read_context(
+    host: Host, profile: Profile, *, registered: dict[int, str] | None = None
+) -> PlanContext:
     pp = profile.pcie_payload
     need_nvml = any(r.match.uses_gpu is not None for r in profile.process) or (
         pp is not None and pp.mps != "keep"
@@ -78,6 +81,7 @@ def read_context(host: Host, profile: Profile) -> PlanContext:
         default_affinity=read_default_affinity(host),
         cgroup=read_cgroup_layout(host),
         processes=iter_processes(host),
+        registered=dict(registered or {}),
     )
 
 
@@ -99,11 +103,13 @@ def all_tuners() -> Sequence[Tuner]:
     )
 
 
-def plan_profile(host: Host, profile: Profile) -> PlanResult:
+def plan_profile(
+    host: Host, profile: Profile, *, registered: dict[int, str] | None = None
+) -> PlanResult:
     """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing."""
     from gputuned.cpulist import format_cpulist
 
-    ctx = read_context(host, profile)
+    ctx = read_context(host, profile, registered=registered)
     result = PlanResult(
         profile=profile.name,
         root=str(host.root),
@@ -126,3 +132,17 @@ def plan_profile(host: Host, profile: Profile) -> PlanResult:
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
     return result
+
+
+def plan_processes(ctx: PlanContext, pids: list[int]) -> list[Change]:
+    """Process settings for just ``pids``, against an earlier context (the daemon's fast path:
+    a new process is placed without re-reading the whole host)."""
+    from gputuned.tuners.process import ProcessTuner
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(read_process(ctx.host, pid, threads=False))
+        except (errors.TargetGone, errors.PermissionDenied):
+            continue
+    return ProcessTuner().plan(dataclasses.replace(ctx, processes=procs)).changes

@@ -45,7 +45,9 @@ from pydantic import (
     model_validator,
 )
 
+from gputuned import daemon_config
 from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist
+from gputuned.daemon_config import Config as DaemonConfig
 from gputuned.errors import PlanError, ProfileError
 from gputuned.host.userfiles import read_user_file
 from gputuned.topology import HostCpus
@@ -142,6 +144,9 @@ class Profile(BaseModel):
         default=(), description="Process rules, one [[process]] table each."
     )
     bootargs: BootargsConfig | None = Field(default=None, description="Kernel boot arguments.")
+    daemon: DaemonConfig = Field(
+        default_factory=DaemonConfig, description="How the gputuned service keeps the profile."
+    )
 
     @model_validator(mode="after")
     def _cross_check(self) -> Profile:
@@ -691,7 +696,8 @@ def profile_schema() -> dict[str, Any]:
     # Every tuner's model is called Config, so pydantic names them by module path
     # (gputuned__tuners__irq__Config); name them after their table instead (IrqConfig).
     renames = {
-        old: "".join(w.capitalize() for w in old.split("__")[-2].split("_")) + "Config"
+        old: "".join(w.capitalize() for w in old.split("__")[-2].removesuffix("_config").split("_"))
+        + "Config"
         for old in schema.get("$defs", {})
         if old.endswith("__Config")
     }
@@ -715,6 +721,7 @@ _SECTIONS: tuple[tuple[str, type[BaseModel], types.ModuleType | None], ...] = (
     ("[cpuset]", CpusetConfig, cpuset),
     ("[[process]]", ProcessConfig, process),
     ("[bootargs]", BootargsConfig, bootargs),
+    ("[daemon]", DaemonConfig, daemon_config),
 )
 
 

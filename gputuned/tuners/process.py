@@ -263,7 +263,11 @@ class ProcessTuner:
                 out.notes.append(
                     f"process[{rule.name}]: match.uses_gpu needs NVML, which is not available here"
                 )
-            found = [p for p in candidates if matches(rule.match, p, gpu_pids)]
+            found = [
+                p
+                for p in candidates
+                if matches(rule.match, p, gpu_pids) or ctx.registered.get(p.pid) == rule.name
+            ]
             if not found:
                 out.notes.append(
                     f"process[{rule.name}]: no running process matches; it is placed when it starts"

@@ -102,7 +102,7 @@ def test_unknown_top_level_key_and_missing_name_are_both_reported(tmp_path: Path
         (
             "nmae",
             "unknown key 'nmae'; allowed keys here: name, description, include, cpusets, "
-            "pcie_aspm, pcie_payload, irq, cpuset, process, bootargs",
+            "pcie_aspm, pcie_payload, irq, cpuset, process, bootargs, daemon",
         ),
     ]
 
@@ -853,11 +853,13 @@ def test_schema_is_json_with_every_table() -> None:
         "cpuset",
         "process",
         "bootargs",
+        "daemon",
     ]
     assert sorted(schema["$defs"]) == [
         "BootargsConfig",
         "CpuSetSpec",
         "CpusetConfig",
+        "DaemonConfig",
         "IrqConfig",
         "Match",
         "PcieAspmConfig",

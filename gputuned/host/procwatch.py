@@ -1,0 +1,540 @@
+"""Process events as they happen: exec, new threads, exits.
+
+The daemon tunes processes that start after it does, so it must hear of them. Two sources sit
+behind one interface, :class:`ProcWatcher`:
+
+- :class:`NetlinkWatcher`, the kernel's process events connector (drivers/connector/cn_proc.c,
+  Documentation/driver-api/connector.rst): a ``NETLINK_CONNECTOR`` socket bound to the
+  ``CN_IDX_PROC`` multicast group receives one message per fork, exec and exit, in well under a
+  millisecond, and nothing is missed unless the receive buffer overflows.
+- :class:`PollingWatcher`, a diff of /proc every ``interval`` seconds, read through
+  :class:`~gputuned.host.fs.Host` so that it runs on trees too. It is the fallback where the
+  connector is refused (older kernels want CAP_NET_ADMIN; a process outside the initial PID or
+  user namespace is ignored by ``cn_proc_mcast_ctl``) and the only source on a tree.
+
+Use::
+
+    watcher = open_watcher(host)       # first, so nothing that starts during the scan is lost
+    scan_everything()
+    while True:
+        select([watcher] if watcher.fileno() >= 0 else [], [], [], watcher.timeout)
+        for ev in watcher.read(): ...  # "overflow": events were lost, scan everything again
+
+Events say *that* something changed, not what the process is: read it through
+:mod:`gputuned.host.proc` and check (pid, start time) before acting, since a PID can be reused.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno as E
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from types import TracebackType
+
+from gputuned import errors
+from gputuned.host.fs import Host, translate
+
+log = logging.getLogger(__name__)
+
+# ---- kernel ABI ------------------------------------------------------------------------------
+
+NETLINK_CONNECTOR = 11  # include/uapi/linux/netlink.h; Python's socket module does not name it
+CN_IDX_PROC = 0x1  # include/uapi/linux/connector.h
+CN_VAL_PROC = 0x1
+NLMSG_NOOP, NLMSG_ERROR, NLMSG_DONE = 1, 2, 3  # include/uapi/linux/netlink.h
+SO_RCVBUFFORCE = 33  # include/uapi/asm-generic/socket.h: SO_RCVBUF past rmem_max (CAP_NET_ADMIN)
+
+# enum proc_cn_mcast_op and enum proc_cn_event, include/uapi/linux/cn_proc.h
+PROC_CN_MCAST_LISTEN = 1
+PROC_CN_MCAST_IGNORE = 2
+PROC_EVENT_NONE = 0x00000000  # the connector's reply to LISTEN/IGNORE ("ack")
+PROC_EVENT_FORK = 0x00000001
+PROC_EVENT_EXEC = 0x00000002
+PROC_EVENT_UID = 0x00000004
+PROC_EVENT_GID = 0x00000040
+PROC_EVENT_SID = 0x00000080
+PROC_EVENT_PTRACE = 0x00000100
+PROC_EVENT_COMM = 0x00000200
+PROC_EVENT_NONZERO_EXIT = 0x20000000  # a filter bit for struct proc_input; never sent as `what`
+PROC_EVENT_COREDUMP = 0x40000000
+PROC_EVENT_EXIT = 0x80000000
+
+#: struct nlmsghdr: len, type, flags, seq, pid. Host byte order, no padding (netlink(7)).
+NLMSGHDR = struct.Struct("=IHHII")
+#: struct cn_msg: id.idx, id.val, seq, ack, len, flags (connector.h; 20 bytes, BUILD_BUG_ON'd).
+CN_MSG = struct.Struct("=IIIIHH")
+#: struct proc_event up to its union: what, cpu, timestamp_ns (CLOCK_MONOTONIC, ktime_get_ns).
+PROC_EVENT_HEAD = struct.Struct("=IIQ")
+#: The union's largest members (exit, comm) are 24 bytes: sizeof(struct proc_event) == 40.
+PROC_EVENT_SIZE = PROC_EVENT_HEAD.size + 24
+# Union members. __kernel_pid_t is a signed int; exit_code and exit_signal are __u32 (a thread's
+# exit_signal is -1, so it reads 0xffffffff).
+_FORK = struct.Struct("=iiii")  # parent_pid parent_tgid child_pid child_tgid
+_IDS = struct.Struct("=ii")  # process_pid process_tgid: exec, sid, and the start of every other
+_EXIT = struct.Struct("=iiIIii")  # process_pid process_tgid exit_code exit_signal parent_pid/tgid
+_COMM = struct.Struct("=ii16s")
+_ACK = struct.Struct("=I")
+
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h: the flags field of /proc/PID/stat
+
+
+# ---- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcEvent:
+    """Something happened to a process.
+
+    ``kind`` is one of:
+
+    - ``"exec"``: ``pid`` runs a new program (connector: ``PROC_EVENT_EXEC``; polling: a PID not
+      seen before, or whose main thread changed its name, see :class:`PollingWatcher`).
+    - ``"fork"``: a new process ``pid`` (not yet exec'd); ``parent`` is its parent's tgid.
+    - ``"thread"``: a new thread ``tid`` in process ``pid``. ``parent`` is the *process's* parent,
+      as the kernel reports it: kernel/fork.c gives a CLONE_THREAD task its creator's
+      ``real_parent``.
+    - ``"exit"``: with ``tid == pid`` the process is gone; with ``tid != pid`` one thread ended.
+      The connector reports every thread's exit, the leader's possibly before the others'.
+    - ``"overflow"``: events were lost (the connector's receive buffer overflowed, ENOBUFS).
+      ``pid`` and ``tid`` are 0. Rescan every process: anything may have started or ended.
+
+    ``pid`` is always the thread group id (what ``ps`` calls the PID). ``parent`` is 0 where the
+    source does not say (connector exec and exit events).
+    """
+
+    kind: str
+    pid: int
+    tid: int
+    parent: int = 0
+
+
+OVERFLOW = ProcEvent("overflow", 0, 0)
+
+
+@dataclass(frozen=True)
+class ConnectorEvent:
+    """One ``struct proc_event`` as the kernel sent it, before it becomes a :class:`ProcEvent`.
+
+    Kernel names map as cn_proc.h's comment says: ``process_pid``/``child_pid`` is the thread
+    id (``tid`` here), ``*_tgid`` the process id. ``ack`` is the enclosing cn_msg's ``ack``
+    (the request's ``ack + 1`` in a reply to LISTEN) and ``err`` a reply's positive errno.
+    """
+
+    what: int
+    cpu: int
+    timestamp_ns: int
+    tid: int = 0
+    tgid: int = 0
+    parent_tid: int = 0
+    parent_tgid: int = 0
+    exit_code: int = 0
+    exit_signal: int = 0
+    comm: str = ""
+    err: int = 0
+    ack: int = 0
+
+
+def parse_datagram(data: bytes | bytearray | memoryview) -> list[ConnectorEvent]:
+    """Every proc connector event in one datagram from a ``NETLINK_CONNECTOR`` socket.
+
+    The kernel sends one event per datagram (``cn_netlink_send_mult``: one nlmsghdr of type
+    NLMSG_DONE around one cn_msg), but netlink allows several messages, NLMSG_ALIGN'ed, so all
+    are read. Messages of other connector users (another ``cb_id``), netlink errors and
+    truncated messages are skipped: none is ours to act on.
+    """
+    out: list[ConnectorEvent] = []
+    view = memoryview(data)
+    off = 0
+    while off + NLMSGHDR.size <= len(view):
+        nl_len, nl_type, _flags, _seq, _port = NLMSGHDR.unpack_from(view, off)
+        if nl_len < NLMSGHDR.size or off + nl_len > len(view):
+            log.debug("proc connector: truncated netlink message skipped")
+            break
+        body = view[off + NLMSGHDR.size : off + nl_len]
+        off += (nl_len + 3) & ~3  # NLMSG_ALIGN
+        if nl_type in (NLMSG_NOOP, NLMSG_ERROR) or len(body) < CN_MSG.size:
+            continue
+        idx, val, _cseq, ack, length, _cflags = CN_MSG.unpack_from(body)
+        if (idx, val) != (CN_IDX_PROC, CN_VAL_PROC) or length < PROC_EVENT_SIZE:
+            continue
+        if CN_MSG.size + PROC_EVENT_SIZE > len(body):
+            log.debug("proc connector: cn_msg shorter than its len; skipped")
+            continue
+        out.append(_parse_event(body[CN_MSG.size : CN_MSG.size + PROC_EVENT_SIZE], ack))
+    return out
+
+
+def _parse_event(ev: memoryview, ack: int) -> ConnectorEvent:
+    what, cpu, ts = PROC_EVENT_HEAD.unpack_from(ev)
+    u = ev[PROC_EVENT_HEAD.size :]
+    if what == PROC_EVENT_FORK:
+        ppid, ptgid, cpid, ctgid = _FORK.unpack_from(u)
+        return ConnectorEvent(what, cpu, ts, cpid, ctgid, ppid, ptgid, ack=ack)
+    if what in (PROC_EVENT_EXIT, PROC_EVENT_NONZERO_EXIT):
+        tid, tgid, code, sig, ppid, ptgid = _EXIT.unpack_from(u)
+        return ConnectorEvent(what, cpu, ts, tid, tgid, ppid, ptgid, code, sig, ack=ack)
+    if what == PROC_EVENT_COREDUMP:
+        tid, tgid, ppid, ptgid = _FORK.unpack_from(u)  # same shape: process, then parent
+        return ConnectorEvent(what, cpu, ts, tid, tgid, ppid, ptgid, ack=ack)
+    if what == PROC_EVENT_COMM:
+        tid, tgid, raw = _COMM.unpack_from(u)
+        name = raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+        return ConnectorEvent(what, cpu, ts, tid, tgid, comm=name, ack=ack)
+    if what == PROC_EVENT_NONE:
+        (err,) = _ACK.unpack_from(u)
+        return ConnectorEvent(what, cpu, ts, err=err, ack=ack)
+    tid, tgid = _IDS.unpack_from(u)  # exec, uid, gid, sid, ptrace, and any newer event
+    return ConnectorEvent(what, cpu, ts, tid, tgid, ack=ack)
+
+
+def to_proc_event(ev: ConnectorEvent) -> ProcEvent | None:
+    """The :class:`ProcEvent` for a connector event; None for those the daemon does not need.
+
+    uid/gid/sid/ptrace/comm changes, coredumps (an exit follows) and replies are dropped.
+    """
+    if ev.what == PROC_EVENT_FORK:
+        kind = "fork" if ev.tid == ev.tgid else "thread"
+        return ProcEvent(kind, ev.tgid, ev.tid, ev.parent_tgid)
+    if ev.what == PROC_EVENT_EXEC:
+        return ProcEvent("exec", ev.tgid, ev.tid)
+    if ev.what in (PROC_EVENT_EXIT, PROC_EVENT_NONZERO_EXIT):
+        return ProcEvent("exit", ev.tgid, ev.tid)
+    return None
+
+
+def mcast_request(op: int, ack: int) -> bytes:
+    """The message that turns this socket's events on (LISTEN) or off (IGNORE).
+
+    An nlmsghdr to the kernel (port 0) around a cn_msg for (CN_IDX_PROC, CN_VAL_PROC) whose data
+    is the 4-byte ``enum proc_cn_mcast_op``: the legacy form, which listens to every event
+    (``cn_proc_mcast_ctl`` takes ``msg->len == sizeof(mc_op)`` as PROC_EVENT_ALL).
+    """
+    payload = struct.pack("=I", op)
+    cn = CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, 0, ack, len(payload), 0) + payload
+    return NLMSGHDR.pack(NLMSGHDR.size + len(cn), NLMSG_DONE, 0, 0, 0) + cn
+
+
+# ---- watchers --------------------------------------------------------------------------------
+
+
+class ProcWatcher(abc.ABC):
+    """A source of :class:`ProcEvent`; see the module docstring for the loop that drives it."""
+
+    mode: str = ""
+
+    @abc.abstractmethod
+    def fileno(self) -> int:
+        """A descriptor that turns readable when events wait, or -1: then use :attr:`timeout`."""
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds until :meth:`read` has something to do without a readable fd; None: never."""
+        return None
+
+    @abc.abstractmethod
+    def read(self) -> list[ProcEvent]:
+        """The events available now, oldest first; never blocks, may be empty."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop watching and free what the watcher holds."""
+
+    def __enter__(self) -> ProcWatcher:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+_CONNECTOR = "NETLINK_CONNECTOR/CN_IDX_PROC"
+_NO_ACK = (
+    "the kernel did not answer PROC_CN_MCAST_LISTEN: cn_proc ignores requests from processes "
+    "outside the initial PID and user namespaces (a container), or CONFIG_PROC_EVENTS is off"
+)
+
+
+class NetlinkWatcher(ProcWatcher):
+    """The proc connector: every fork, exec and exit on the machine, as it happens.
+
+    Opening it binds to the CN_IDX_PROC group, sends PROC_CN_MCAST_LISTEN and waits up to
+    ``ack_timeout`` for the kernel's reply (a PROC_EVENT_NONE whose cn_msg ``ack`` is ours + 1;
+    the reply's ``seq`` is not ours to match: ``send_msg`` overwrites it with a per-CPU
+    counter). Without that reply the socket would stay silent forever, so no reply is an error.
+
+    The kernel drops events when the receive buffer is full and the next ``recv`` fails with
+    ENOBUFS (netlink(7)); :meth:`read` then returns :data:`OVERFLOW` where the gap is. The buffer
+    is raised to ``rcvbuf`` (SO_RCVBUFFORCE as root, else SO_RCVBUF up to net.core.rmem_max):
+    one event is a 76-byte datagram but costs a whole skb (~1 KiB) of buffer, so 4 MiB holds a
+    few thousand events, a burst of thread creation in a server starting up.
+    """
+
+    mode = "netlink"
+    #: Most datagrams one :meth:`read` takes, so a fork storm cannot starve the daemon's other
+    #: duties; the descriptor stays readable for the rest.
+    max_batch = 4096
+
+    def __init__(self, *, rcvbuf: int = 4 << 20, ack_timeout: float = 1.0) -> None:
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+        except OSError as exc:
+            raise _explain(exc, "open") from exc
+        try:
+            _set_rcvbuf(sock, rcvbuf)
+            sock.bind((0, 1 << (CN_IDX_PROC - 1)))  # nl_groups is a bitmask of groups 1..32
+            pending = _subscribe(sock, ack_timeout)
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            raise _explain(exc, "listen on") from exc
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._pending = pending
+        self._buf = bytearray(65536)
+        #: Effective receive buffer in bytes (the kernel doubles what was asked, socket(7)).
+        self.rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+    @classmethod
+    def _attached(cls, sock: socket.socket) -> NetlinkWatcher:
+        """A watcher over a socket that is already listening (tests give a stand-in)."""
+        self = cls.__new__(cls)
+        self._sock, self._pending, self._buf, self.rcvbuf = sock, [], bytearray(65536), 0
+        return self
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read(self) -> list[ProcEvent]:
+        out, self._pending = self._pending, []
+        for _ in range(self.max_batch):
+            try:
+                n, addr = self._sock.recvfrom_into(self._buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno == E.ENOBUFS:
+                    if not out or out[-1] is not OVERFLOW:
+                        out.append(OVERFLOW)
+                    continue
+                raise translate(exc, "receive from", _CONNECTOR) from exc
+            if addr[0] != 0:
+                continue  # only the kernel (port 0) speaks for cn_proc; a process could forge
+            for raw in parse_datagram(memoryview(self._buf)[:n]):
+                ev = to_proc_event(raw)
+                if ev is not None:
+                    out.append(ev)
+        return out
+
+    def close(self) -> None:
+        if self._sock.fileno() < 0:
+            return
+        try:
+            # Balances the kernel's listener count, so cn_proc stops building events nobody
+            # reads; it would find out at the next send anyway (send_msg, -ESRCH).
+            self._sock.sendto(mcast_request(PROC_CN_MCAST_IGNORE, 0), (0, 0))
+        except OSError:
+            pass
+        self._sock.close()
+
+
+def _set_rcvbuf(sock: socket.socket, size: int) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)  # capped at rmem_max
+
+
+def _subscribe(sock: socket.socket, timeout: float) -> list[ProcEvent]:
+    """Send LISTEN and wait for the kernel's reply; events that arrive first are returned."""
+    nonce = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    sock.sendto(mcast_request(PROC_CN_MCAST_LISTEN, nonce), (0, 0))
+    early: list[ProcEvent] = []
+    buf = bytearray(65536)
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            n, addr = sock.recvfrom_into(buf)
+        except TimeoutError:
+            break
+        except OSError as exc:
+            if exc.errno != E.ENOBUFS:
+                raise
+            early.append(OVERFLOW)
+            continue
+        if addr[0] != 0:
+            continue
+        for raw in parse_datagram(memoryview(buf)[:n]):
+            if raw.what == PROC_EVENT_NONE and raw.ack == nonce + 1:
+                if raw.err:
+                    raise OSError(raw.err, f"the kernel refused PROC_CN_MCAST_LISTEN ({os.strerror(raw.err)})")  # fmt: skip
+                return early
+            ev = to_proc_event(raw)
+            if ev is not None:
+                early.append(ev)
+    raise OSError(E.ETIMEDOUT, _NO_ACK)
+
+
+def _explain(exc: OSError, op: str) -> errors.HostError:
+    """Translate, with the reason that applies to the connector in place of the generic one."""
+    code = exc.errno or 0
+    if exc.strerror and exc.strerror != os.strerror(code):
+        return translate(exc, op, _CONNECTOR)  # carries its own reason (_subscribe)
+    reason = {
+        E.EPERM: "this kernel wants CAP_NET_ADMIN to join the proc connector: run as root",
+        E.EACCES: "this kernel wants CAP_NET_ADMIN to join the proc connector: run as root",
+        E.EPROTONOSUPPORT: "the kernel has no netlink connector (CONFIG_CONNECTOR is off)",
+        E.EAFNOSUPPORT: "the kernel has no netlink sockets",
+    }.get(code)
+    return translate(OSError(code, reason) if reason else exc, op, _CONNECTOR)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    start: int  # starttime, clock ticks since boot: with the PID, the process's identity
+    comm: str  # the main thread's name; exec changes it
+    ppid: int
+    tids: frozenset[int]
+
+
+class PollingWatcher(ProcWatcher):
+    """Events from a diff of /proc every ``interval`` seconds, through ``host``.
+
+    ``fileno()`` is -1: wait :attr:`timeout` seconds, then :meth:`read` scans (before that it
+    returns nothing); :meth:`scan` scans now. The first scan happens at construction and yields
+    no events: it is the baseline.
+
+    Each scan reads /proc/PID/stat and lists /proc/PID/task of every process (kernel threads'
+    task lists are skipped: they never have more than one). From the difference:
+
+    - a PID not seen before: ``exec``, then ``thread`` for each thread but the main one. Polling
+      cannot tell a fork from an exec, so every new process is an ``exec`` (``parent``: ppid).
+    - the same PID with another start time: the PID was reused, ``exit`` then as new.
+    - the same process whose main-thread name (comm) changed: ``exec`` again. An exec in place
+      (a shell wrapper's ``exec python ...``) keeps PID and start time and changes only comm; a
+      rename through prctl(PR_SET_NAME) or setproctitle also lands here, and deserves the same
+      re-evaluation. An exec of a program with the same name is not seen.
+    - a new thread id in a known process: ``thread``; a thread id gone: ``exit`` (tid != pid).
+    - a PID gone, or a zombie (state Z with no thread left, stat's num_threads <= 1, or X):
+      ``exit``. A zombie has exited and waits only for its parent's wait(2); the connector
+      reports the exit at that moment, too.
+
+    Anything that starts and ends between two scans is not seen at all.
+    """
+
+    mode = "polling"
+
+    def __init__(self, host: Host, *, interval: float = 1.0) -> None:
+        if interval <= 0:
+            raise ValueError(f"poll interval must be positive, not {interval}")
+        self.host = host
+        self.interval = interval
+        #: Seconds the latest scan took.
+        self.last_scan_s = 0.0
+        self._due = 0.0
+        self._known: dict[int, _Seen] = {}
+        self.scan()
+
+    def fileno(self) -> int:
+        return -1
+
+    @property
+    def timeout(self) -> float:
+        return max(0.0, self._due - time.monotonic())
+
+    def read(self) -> list[ProcEvent]:
+        return self.scan() if time.monotonic() >= self._due else []
+
+    def scan(self) -> list[ProcEvent]:
+        """Scan /proc now and return what changed since the previous scan."""
+        t0 = time.monotonic()
+        now = self._snapshot()
+        events = _diff(self._known, now)
+        self._known = now
+        t1 = time.monotonic()
+        self.last_scan_s = t1 - t0
+        # Scans start every `interval`; one that took longer than half of it leaves at least
+        # half an interval idle, so polling never eats a CPU on a host with many processes.
+        self._due = max(t0 + self.interval, t1 + self.interval / 2)
+        return events
+
+    def close(self) -> None:
+        self._known = {}
+
+    def _snapshot(self) -> dict[int, _Seen]:
+        seen: dict[int, _Seen] = {}
+        for name in self.host.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            try:
+                item = self._read(pid)
+            except (errors.TargetGone, errors.PermissionDenied):
+                continue  # exited between listing and reading: as if not listed
+            if item is not None:
+                seen[pid] = item
+        return seen
+
+    def _read(self, pid: int) -> _Seen | None:
+        text = self.host.read_text(f"/proc/{pid}/stat")
+        # proc(5): "pid (comm) state ppid ..."; comm may hold spaces and ')', so split at the last.
+        head, _, rest = text.rpartition(")")
+        f = rest.split()  # f[0] is field 3 (state): field N is f[N - 3]
+        state, ppid, flags, nthreads, start = f[0], int(f[1]), int(f[6]), int(f[17]), int(f[19])
+        if state == "X" or (state == "Z" and nthreads <= 1):
+            return None
+        if flags & _PF_KTHREAD:
+            tids = frozenset((pid,))
+        else:
+            listing = self.host.listdir(f"/proc/{pid}/task")
+            tids = frozenset(int(t) for t in listing if t.isdigit())
+        return _Seen(start, head.partition("(")[2], ppid, tids)
+
+
+def _diff(old: dict[int, _Seen], new: dict[int, _Seen]) -> list[ProcEvent]:
+    out: list[ProcEvent] = []
+    for pid in sorted(old.keys() | new.keys()):
+        was, now = old.get(pid), new.get(pid)
+        if now is None:
+            out.append(ProcEvent("exit", pid, pid))
+            continue
+        if was is not None and was.start != now.start:
+            out.append(ProcEvent("exit", pid, pid))
+            was = None
+        if was is None:
+            out.append(ProcEvent("exec", pid, pid, now.ppid))
+            out += [ProcEvent("thread", pid, t, now.ppid) for t in sorted(now.tids - {pid})]
+            continue
+        out += [ProcEvent("exit", pid, t) for t in sorted(was.tids - now.tids)]
+        if was.comm != now.comm:
+            out.append(ProcEvent("exec", pid, pid, now.ppid))
+        out += [ProcEvent("thread", pid, t, now.ppid) for t in sorted(now.tids - was.tids)]
+    return out
+
+
+def open_watcher(host: Host, *, poll_interval: float = 1.0) -> ProcWatcher:
+    """The best watcher for ``host``: the proc connector on the live machine, else polling.
+
+    On a tree (``host.live`` is False) polling over the tree's /proc, so tests drive it by adding
+    and removing /proc/PID directories. On the live machine a refused connector is logged once,
+    with the reason, and polling every ``poll_interval`` seconds takes over.
+    """
+    if not host.live:
+        return PollingWatcher(host, interval=poll_interval)
+    try:
+        return NetlinkWatcher()
+    except errors.HostError as exc:
+        log.warning(
+            "process events: proc connector unavailable, polling /proc every %.3g s instead: %s",
+            poll_interval,
+            exc,
+        )
+    return PollingWatcher(host, interval=poll_interval)
