@@ -55,7 +55,12 @@ def expand(ch: Change) -> list[Op]:
                 d["attr"],
                 "",
                 str(value),
-                data={"pid": d["pid"], "start": d["start"], "tid": int(tid)},
+                data={
+                    "pid": d["pid"],
+                    "start": d["start"],
+                    "tid": int(tid),
+                    "ppid": d.get("ppid", 0),
+                },
             )
             for tid, value in sorted(d["threads"].items(), key=lambda kv: int(kv[0]))
         ]

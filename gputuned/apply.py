@@ -69,6 +69,20 @@ class ApplyReport:
 
 
 PROCESS_KINDS = ("nice", "affinity", "policy", "proc_cgroup")
+THREAD_KINDS = ("nice", "affinity", "policy")
+
+
+def _inherited_origin(journal: Journal, op: Op) -> str | None:
+    """The journaled original of the thread or process this one inherited ``op.kind`` from:
+    its process's main thread, else its parent's (clone(2) copies nice, policy and affinity)."""
+    d = op.data
+    main = journal.get(f"thread:{d['pid']}:{d['start']}:{d['pid']}:{op.kind}")
+    if main is not None:
+        return main.old
+    for e in journal.entries():
+        if e.op.kind == op.kind and e.op.data.get("tid") == d.get("ppid"):
+            return e.old
+    return None
 
 
 def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
@@ -91,7 +105,14 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
 def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
     """Journal and write one op. Returns (old value, journal entry is new), None if no-op."""
     if holds(host, op, op.value)[0]:
-        return None  # already right (a thread that had it, an IRQ inside the allowed set)
+        # Already right: an IRQ inside the allowed set, or a thread that inherited the value
+        # from a tuned thread or parent. The latter still needs its original on record, or
+        # revert would leave it tuned: the original of whoever passed the value on.
+        if op.kind in THREAD_KINDS and op.key not in journal:
+            origin = _inherited_origin(journal, op)
+            if origin is not None:
+                journal.save(op, origin)
+        return None
     old = read_old(host, op)
     new_entry = journal.save(op, old)
     try:
@@ -165,7 +186,9 @@ def apply_settings(
     """
     undo: list[tuple[Op, str, bool]] = []
     for ch in settings:
-        if ch.in_sync or ch.report_only:
+        # In-sync thread settings still go through _one: a thread that inherited its values
+        # needs its original journaled (nothing is written for it).
+        if ch.report_only or (ch.in_sync and ch.kind != "thread"):
             continue
         for op in expand(ch):
             try:

@@ -112,12 +112,42 @@ def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
     )
 
 
+def _daemon(host: Host, message: dict[str, Any]) -> dict[str, Any] | None:
+    """Send ``message`` to a running gputuned; None when no daemon runs (one-shot mode)."""
+    from gputuned.host.control import daemon_running, request
+
+    if not daemon_running(host):
+        return None
+    return request(host, message)
+
+
+def _render_daemon_apply(resp: dict[str, Any]) -> None:
+    out = console()
+    out.print(
+        f"Applied {resp['profile']} through the daemon: {len(resp['written'])} write(s), "
+        f"{len(resp['not_possible'])} not possible here, {len(resp['failed'])} failed"
+    )
+    for w in resp["written"]:
+        out.print(f"  set {w['target']}: {w['old']} → {w['new']}", markup=False)
+    for np in resp["not_possible"].values():
+        out.print(f"  not possible here {np['target']}: {np['reason']}", markup=False)
+    for f in resp["failed"]:
+        out.print(f"  failed {f['target']}: {f['error']}", markup=False)
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from gputuned.apply import ApplyError, apply_profile
     from gputuned.profile import load_profile
 
     host = Host(args.root)
-    profile = load_profile(args.profile)
+    profile = load_profile(args.profile)  # refuse a bad profile here, with its key paths
+    resp = _daemon(host, {"cmd": "apply", "profile": str(args.profile.absolute())})
+    if resp is not None:
+        if args.json:
+            _print_json(resp)
+        else:
+            _render_daemon_apply(resp)
+        return 3 if resp["failed"] else 0
     try:
         plan, report = apply_profile(
             host, profile, keep_going=args.keep_going, source=str(args.profile.absolute())
@@ -134,9 +164,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_revert(args: argparse.Namespace) -> int:
-    from gputuned.apply import revert_all
+    from gputuned.apply import RevertReport, revert_all
 
-    report = revert_all(Host(args.root))
+    host = Host(args.root)
+    resp = _daemon(host, {"cmd": "revert"})
+    if resp is not None:
+        report = RevertReport(resp["restored"], resp["failed"], resp["seconds"])
+    else:
+        report = revert_all(host)
     if args.json:
         _print_json({"ok": not report.failed, **report.to_json()})
     else:
@@ -148,11 +183,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from gputuned.apply import read_state
     from gputuned.engine import plan_profile
     from gputuned.host.userfiles import write_user_file_atomic
-    from gputuned.verify import verify_plan
+    from gputuned.verify import VerifyReport, verify_plan
 
     host = Host(args.root)
-    profile, _source = _profile_for(host, args.profile)
-    report = verify_plan(plan_profile(host, profile), read_state(host), strict=args.strict)
+    resp = None if args.profile else _daemon(host, {"cmd": "verify", "strict": args.strict})
+    if resp is not None:
+        report = VerifyReport.from_json(resp, strict=args.strict)
+    else:
+        profile, _source = _profile_for(host, args.profile)
+        report = verify_plan(plan_profile(host, profile), read_state(host), strict=args.strict)
     if args.prometheus:
         write_user_file_atomic(args.prometheus, report.prometheus().encode())
     if args.json:
@@ -167,6 +206,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gputuned.journal import Journal
 
     host = Host(args.root)
+    resp = _daemon(host, {"cmd": "status"})
+    if resp is not None:
+        resp.pop("v", None)
+        resp.pop("ok", None)
+        _print_json(resp) if args.json else render_status(resp)
+        return 0
     active = read_active(host)
     state = read_state(host)
     journal = Journal(host)
@@ -188,6 +233,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_register(args: argparse.Namespace) -> int:
+    host = Host(args.root)
+    msg: dict[str, Any] = {"cmd": args.command, "pid": args.pid}
+    if args.command == "register" and args.rule:
+        msg["rule"] = args.rule
+    resp = _daemon(host, msg)
+    if resp is None:
+        raise errors.GputunedError(
+            f"{args.command} needs the daemon (systemctl start gputuned): without it nothing "
+            "would keep watching the process"
+        )
+    resp.pop("v", None)
+    resp.pop("ok", None)
+    _print_json(resp) if args.json else console().print(json.dumps(resp), markup=False)
+    return 0
+
+
 def cmd_bootargs(args: argparse.Namespace) -> int:
     from gputuned.bootargs_cmd import bootargs
 
@@ -196,27 +258,7 @@ def cmd_bootargs(args: argparse.Namespace) -> int:
     return bootargs(host, profile, write_grub=args.write_grub, as_json=args.json)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gputunectl",
-        description="Tune a Linux host for GPU inference: PCIe, IRQs, cpusets, processes.",
-    )
-    p.add_argument("--version", action="version", version=f"gputunectl {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
-    _add_root(s)
-    _add_json(s)
-    s.add_argument("--all", action="store_true", help="every PCIe function, not only GPUs")
-    s.set_defaults(func=cmd_inspect)
-
-    s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
-    s.add_argument("profile", type=Path, metavar="PROFILE")
-    _add_root(s)
-    _add_json(s)
-    s.set_defaults(func=cmd_plan)
-
+def _add_engine_commands(sub: Any) -> None:
     s = sub.add_parser("apply", help="make this host match PROFILE (one-shot without the daemon)")
     s.add_argument("profile", type=Path, metavar="PROFILE")
     _add_root(s)
@@ -250,6 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(s)
     s.set_defaults(func=cmd_status)
 
+    for name, text in (
+        ("register", "place process PID by a profile rule now and keep it placed (daemon)"),
+        ("unregister", "put process PID's values back and stop placing it (daemon)"),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("pid", type=int, metavar="PID")
+        if name == "register":
+            s.add_argument("--rule", help="name of the [[process]] rule (default: the first)")
+        _add_root(s)
+        _add_json(s)
+        s.set_defaults(func=cmd_register)
+
     s = sub.add_parser("bootargs", help="kernel arguments the profile wants, for the bootloader")
     s.add_argument(
         "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
@@ -262,6 +316,30 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"write them to {GRUB_DROPIN} (journaled; gputunectl revert removes it)",
     )
     s.set_defaults(func=cmd_bootargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gputunectl",
+        description="Tune a Linux host for GPU inference: PCIe, IRQs, cpusets, processes.",
+    )
+    p.add_argument("--version", action="version", version=f"gputunectl {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
+    _add_root(s)
+    _add_json(s)
+    s.add_argument("--all", action="store_true", help="every PCIe function, not only GPUs")
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
+    s.add_argument("profile", type=Path, metavar="PROFILE")
+    _add_root(s)
+    _add_json(s)
+    s.set_defaults(func=cmd_plan)
+
+    _add_engine_commands(sub)
 
     s = sub.add_parser("capture", help="copy what gputuned reads from this host into DIR")
     s.add_argument("dir", type=Path, metavar="DIR")

@@ -1,28 +1,431 @@
-"""``gputuned``: the long-running service.
+"""``gputuned``: the long-running service that keeps a profile applied.
 
-The service itself (journal replay, sd_notify, control socket, process watcher, drift repair)
-is not implemented yet; until it is, this entry point says so and exits non-zero rather than
-pretending to run.
+Start: take the host lock for good, adopt or replay a journal left by an earlier run, load the
+active profile (``gputunectl apply`` recorded it in /etc/gputuned/active.json), apply it, verify,
+then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop:
+
+- process events (proc connector, or polling): a new process that matches a rule is placed at
+  once, threads it creates later too; a process that exits is forgotten;
+- udev events for PCI devices: the profile is re-planned (a GPU reset or re-bind can bring back
+  the kernel's saved DevCtl, or new IRQ numbers);
+- every ``[daemon] drift_interval_s``: everything applied is re-read and drift repaired;
+- the control socket (gputunectl apply, revert, status, verify, register, unregister);
+- WATCHDOG=1 at half of WatchdogSec=;
+- SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
+  revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
+
+A journal left by a killed daemon is adopted when a profile is active: its entries keep the
+original values, the profile is applied on top (no untuned window), and the final revert
+restores them. With no active profile the journal is replayed (reverted) at start.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from gputuned import __version__
+from gputuned import __version__, errors
+from gputuned.apply import (
+    ApplyReport,
+    apply_profile,
+    apply_settings,
+    forget_process,
+    read_active,
+    read_state,
+    restore_process,
+    revert_all,
+)
+from gputuned.changes import PlanContext
+from gputuned.engine import plan_processes, plan_profile, read_context
+from gputuned.host import Host
+from gputuned.host.control import ControlServer, PeerCred
+from gputuned.host.loop import Loop, now
+from gputuned.host.notify import Notifier, setup_logging, system_stopping, watchdog_interval
+from gputuned.host.procwatch import ProcWatcher, open_watcher
+from gputuned.host.state import HostLock
+from gputuned.host.udevmon import UdevMonitor, open_monitor
+from gputuned.journal import Journal
+from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.verify import verify_plan
+
+log = logging.getLogger("gputuned")
+
+
+class Daemon:
+    def __init__(self, host: Host, *, profile_path: Path | None = None) -> None:
+        self.host = host
+        self.profile_path = profile_path
+        self.notify = Notifier()
+        self.profile: Profile | None = None
+        self.source = ""
+        self.ctx: PlanContext | None = None
+        self.placed: dict[int, int] = {}  # pid -> start time
+        self.registered: dict[int, str] = {}  # pid -> rule name
+        self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
+        self.status = "starting"
+        self.last_verify: dict[str, Any] = {}
+        self.running = True
+        self.watchdog_on = True
+        self.loop = Loop()
+        self.lock = HostLock(host)
+        self.watcher: ProcWatcher | None = None
+        self.udev: UdevMonitor | None = None
+        self.control: ControlServer | None = None
+        self._next: dict[str, float] = {}
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.lock.__enter__()
+        self._adopt_or_replay()
+        self.profile, self.source = self._load_profile()
+        if self.profile is not None:
+            self._apply_full("start")
+        else:
+            self.status = "idle: no profile applied yet (gputunectl apply PROFILE)"
+        daemon_cfg = self.profile.daemon if self.profile else None
+        group = daemon_cfg.control_group if daemon_cfg else None
+        self.control = ControlServer(self.host, self._handle, group=group)
+        self.loop.add_reader(self.control.fileno(), self._on_control)
+        self.watcher = open_watcher(self.host, poll_interval=1.0)
+        if self.watcher.fileno() >= 0:
+            self.loop.add_reader(self.watcher.fileno(), lambda _fd: self._on_proc_events())
+        self.udev = open_monitor(self.host)
+        if self.udev is not None:
+            self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev())
+        for sig, h in (
+            (signal.SIGHUP, self._on_hup),
+            (signal.SIGTERM, self._on_term),
+            (signal.SIGINT, self._on_term),
+            (signal.SIGUSR2, self._on_usr2),
+        ):
+            self.loop.on_signal(sig, h)
+        self._schedule()
+        self.notify.send("READY=1", f"STATUS={self.status}", f"MAINPID={_pid()}")
+        log.info("daemon: ready (%s); process events by %s", self.status, self.watcher.mode)
+
+    def run(self) -> int:
+        while self.running:
+            timeout = min(self._next.values(), default=now() + 1.0) - now()
+            if self.watcher is not None and self.watcher.fileno() < 0:
+                timeout = min(timeout, self.watcher.timeout or 1.0)
+            self.loop.run_once(min(timeout, 1.0))
+            if self.watcher is not None and self.watcher.fileno() < 0:
+                self._on_proc_events()
+            if self.control is not None:
+                for fd in self.control.client_fds():
+                    self.loop.add_reader(fd, self._on_control)
+                self.control.expire(time.monotonic())
+            self._timers()
+        return self.stop()
+
+    def stop(self) -> int:
+        self.notify.send("STOPPING=1", "STATUS=reverting")
+        skip = (
+            self.profile is not None
+            and not self.profile.daemon.revert_on_shutdown
+            and system_stopping()
+        )
+        if skip:
+            log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
+        else:
+            rep = revert_all(self.host, forget_profile=False, lock=False)
+            log.info("daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed))
+            for f in rep.failed:
+                log.error("daemon: revert %s failed: %s", f["target"], f["error"])
+        for closer in (self.control, self.watcher):
+            if closer is not None:
+                closer.close()
+        self.loop.close()
+        self.lock.__exit__(None, None, None)
+        return 0
+
+    # -- applying -----------------------------------------------------------------------------
+
+    def _adopt_or_replay(self) -> None:
+        journal = Journal(self.host)
+        if not len(journal):
+            return
+        if read_active(self.host) is None and self.profile_path is None:
+            rep = revert_all(self.host, lock=False)
+            log.warning(
+                "daemon: replayed a journal left by an earlier run: %d value(s) restored, %d failed",
+                len(rep.restored),
+                len(rep.failed),
+            )
+        else:
+            log.warning(
+                "daemon: adopting a journal of %d original value(s) left by an earlier run",
+                len(journal),
+            )
+
+    def _load_profile(self) -> tuple[Profile | None, str]:
+        if self.profile_path is not None:
+            return load_profile(self.profile_path), str(self.profile_path.absolute())
+        active = read_active(self.host)
+        if active is None:
+            return None, ""
+        src = str(active.get("source", ""))
+        if src and Path(src).is_file():
+            try:
+                return load_profile(src), src
+            except errors.ProfileError as exc:
+                log.error("daemon: %s no longer loads (%s); using the copy applied last", src, exc)
+        return parse_profile(active["profile"], "/etc/gputuned/active.json"), src
+
+    def _apply_full(self, why: str) -> ApplyReport:
+        assert self.profile is not None
+        _, report = apply_profile(
+            self.host,
+            self.profile,
+            keep_going=True,
+            source=self.source,
+            lock=False,
+            registered=self.registered,
+        )
+        self.ctx = read_context(self.host, self.profile, registered=self.registered)
+        for w in report.written:
+            log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
+        for f in report.failed:
+            log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
+        self._refresh_placed()
+        self._verify()
+        return report
+
+    def _refresh_placed(self) -> None:
+        assert self.ctx is not None
+        self.placed = {}
+        for ch in plan_processes(self.ctx, [p.pid for p in self.ctx.processes]):
+            self.placed[int(ch.data["pid"])] = int(ch.data["start"])
+
+    def _verify(self) -> None:
+        assert self.profile is not None
+        rep = verify_plan(
+            plan_profile(self.host, self.profile, registered=self.registered), read_state(self.host)
+        )
+        self.last_verify = rep.to_json()["counts"]
+        failed = self.last_verify["drifted"]
+        np = self.last_verify["not possible here"]
+        name = self.profile.name
+        self.status = (
+            f"applied {name}: {self.last_verify['passed']} in place, {np} not possible here"
+            if not failed
+            else f"degraded {name}: {failed} setting(s) not in place (gputunectl verify)"
+        )
+
+    def _place(self, pids: list[int], why: str) -> None:
+        if self.profile is None or self.ctx is None or not self.profile.process:
+            return
+        t0 = time.perf_counter()
+        settings = plan_processes(self.ctx, pids)
+        if not settings:
+            return
+        report = ApplyReport()
+        apply_settings(self.host, Journal(self.host), settings, report, keep_going=True)
+        for ch in settings:
+            self.placed[int(ch.data["pid"])] = int(ch.data["start"])
+        if report.written:
+            self.counters["placements"] += 1
+            log.info(
+                "daemon: placed %s (%s): %d write(s) in %.1f ms",
+                pids,
+                why,
+                len(report.written),
+                (time.perf_counter() - t0) * 1e3,
+            )
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _on_proc_events(self) -> None:
+        assert self.watcher is not None
+        new: list[int] = []
+        for ev in self.watcher.read():
+            if ev.kind == "overflow":
+                log.warning(
+                    "daemon: process events were lost (receive buffer overflow); rescanning"
+                )
+                if self.profile is not None:
+                    self._apply_full("rescan")
+                return
+            if ev.kind in ("exec", "fork") or (ev.kind == "thread" and ev.pid in self.placed):
+                new.append(ev.pid)
+            elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
+                n = forget_process(self.host, ev.pid)
+                log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
+        if new:
+            self._place(sorted(set(new)), "new process or thread")
+
+    def _forget(self, pid: int) -> bool:
+        was_placed = self.placed.pop(pid, None) is not None
+        return self.registered.pop(pid, None) is not None or was_placed
+
+    def _on_udev(self) -> None:
+        assert self.udev is not None
+        events = self.udev.read()
+        if events and self.profile is not None:
+            self.counters["replans"] += 1
+            log.info(
+                "daemon: PCI %s; re-planning", ", ".join(f"{e.action} {e.bdf}" for e in events)
+            )
+            self._apply_full("udev")
+
+    def _on_control(self, fd: int) -> None:
+        if self.control is not None:
+            self.control.on_readable(fd)
+
+    def _on_hup(self, _sig: int) -> None:
+        self.notify.send("RELOADING=1", f"MONOTONIC_USEC={int(time.monotonic() * 1e6)}")
+        try:
+            prof, src = self._load_profile()
+        except errors.GputunedError as exc:
+            log.error("daemon: reload: %s; keeping the profile in place", exc)
+            self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
+            return
+        self.profile, self.source = prof, src
+        self.counters["reloads"] += 1
+        if self.profile is not None:
+            self._apply_full("reload")
+        self.notify.send("READY=1", f"STATUS={self.status}")
+
+    def _on_term(self, sig: int) -> None:
+        log.info("daemon: %s: stopping", signal.Signals(sig).name)
+        self.running = False
+
+    def _on_usr2(self, _sig: int) -> None:
+        log.warning("daemon: SIGUSR2: no more watchdog pings; systemd will restart this daemon")
+        self.watchdog_on = False
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        t = now()
+        wd = watchdog_interval()
+        if wd:
+            self._next["watchdog"] = t + wd
+        if self.profile is not None:
+            self._next["drift"] = t + self.profile.daemon.drift_interval_s
+            if any(r.match.uses_gpu is not None for r in self.profile.process):
+                self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+        else:
+            self._next.pop("drift", None)
+            self._next.pop("nvml", None)
+
+    def _timers(self) -> None:
+        t = now()
+        if self._next.get("watchdog", float("inf")) <= t:
+            if self.watchdog_on:
+                self.notify.send("WATCHDOG=1")
+            self._next["watchdog"] = t + (watchdog_interval() or 1.0)
+        if self.profile is None:
+            return
+        if self._next.get("drift", float("inf")) <= t:
+            report = self._apply_full("drift repair")
+            self.counters["repairs"] += len(report.written)
+            self.notify.send(f"STATUS={self.status}")
+            self._next["drift"] = t + self.profile.daemon.drift_interval_s
+        if self._next.get("nvml", float("inf")) <= t:
+            self._apply_full("nvml")
+            self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+
+    # -- control socket -----------------------------------------------------------------------
+
+    def _handle(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        cmd = req.get("cmd")
+        log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
+        if cmd == "status":
+            return self._status()
+        if cmd == "apply":
+            path = Path(str(req["profile"]))
+            profile = load_profile(path)
+            self.profile, self.source, self.profile_path = profile, str(path), None
+            report = self._apply_full("apply")
+            self._schedule()
+            self.notify.send(f"STATUS={self.status}")
+            return {"profile": profile.name, **report.to_json()}
+        if cmd == "revert":
+            rep = revert_all(self.host, lock=False)
+            self.profile, self.ctx, self.placed, self.registered = None, None, {}, {}
+            self.status = "idle: reverted (gputunectl apply PROFILE)"
+            self._schedule()
+            self.notify.send(f"STATUS={self.status}")
+            return rep.to_json()
+        if cmd == "verify":
+            if self.profile is None:
+                raise errors.GputunedError("no profile applied; gputunectl apply PROFILE first")
+            vrep = verify_plan(
+                plan_profile(self.host, self.profile, registered=self.registered),
+                read_state(self.host),
+                strict=bool(req.get("strict")),
+            )
+            return vrep.to_json()
+        if cmd in ("register", "unregister"):
+            return self._register(cmd, int(req["pid"]), req.get("rule"))
+        raise errors.GputunedError(f"unknown command {cmd!r}; see gputunectl --help")
+
+    def _register(self, cmd: str, pid: int, rule: object) -> dict[str, Any]:
+        if cmd == "unregister":
+            self.registered.pop(pid, None)
+            self.placed.pop(pid, None)
+            return restore_process(self.host, pid).to_json()
+        if self.profile is None or not self.profile.process:
+            raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
+        names = [r.name for r in self.profile.process]
+        name = str(rule) if rule else names[0]
+        if name not in names:
+            raise errors.GputunedError(f"no rule {name!r}; the profile has: {', '.join(names)}")
+        self.registered[pid] = name
+        if self.ctx is not None:
+            self.ctx = read_context(self.host, self.profile, registered=self.registered)
+        self._place([pid], f"registered for rule {name}")
+        return {"pid": pid, "rule": name, "placed": pid in self.placed}
+
+    def _status(self) -> dict[str, Any]:
+        state = read_state(self.host)
+        return {
+            "daemon": {"pid": _pid(), "version": __version__, "status": self.status,
+                       "watcher": self.watcher.mode if self.watcher else None,
+                       "udev": self.udev is not None, **self.counters},
+            "active_profile": self.profile.name if self.profile else None,
+            "source": self.source or None,
+            "applied_at": state.get("applied_at"),
+            "journal_entries": len(Journal(self.host)),
+            "not_possible": state.get("not_possible", {}),
+            "placed": sorted(self.placed),
+            "registered": {str(k): v for k, v in self.registered.items()},
+            "verify": self.last_verify,
+        }  # fmt: skip
+
+
+def _pid() -> int:
+    from gputuned.host.notify import own_pid
+
+    return own_pid()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gputuned", description="gputuned host-tuning daemon")
+    p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
-    p.parse_args(argv)
-    sys.stderr.write(
-        "gputuned: the daemon is not implemented in this version; "
-        "use 'gputunectl plan PROFILE' to see what a profile would change\n"
-    )
-    return 3
+    p.add_argument("--root", type=Path, default=Path("/"), help="run against a host tree")
+    p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
+    p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
+    p.add_argument("--debug", action="store_true", help="debug logging")
+    args = p.parse_args(argv)
+    where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
+    log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
+    d = Daemon(Host(args.root), profile_path=args.profile)
+    try:
+        d.start()
+    except errors.GputunedError as exc:
+        log.error("daemon: cannot start: %s", exc)
+        d.notify.send(f"STATUS=failed: {exc}", f"ERRNO={getattr(exc, 'errno', 0) or 0}")
+        return exc.exit_code
+    return d.run()
 
 
 if __name__ == "__main__":

@@ -177,5 +177,16 @@ def render_status(data: dict[str, Any]) -> None:
         f"Active profile: [bold]{escape(str(data['active_profile']))}[/] ({escape(str(data['source']))})"
     )
     out.print(f"Journal: {data['journal_entries']} original value(s) kept for revert")
+    d = data.get("daemon")
+    if d:
+        out.print(
+            f"Daemon: PID {d['pid']}, {escape(d['status'])}; process events by {d['watcher']}; "
+            f"{d['placements']} placement(s), {d['repairs']} drift repair(s), "
+            f"{d['replans']} udev re-plan(s), {d['reloads']} reload(s)"
+        )
+        if data.get("placed"):
+            out.print(f"Placed processes: {', '.join(map(str, data['placed']))}")
+    else:
+        out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():
         out.print(f"  [yellow]not possible here[/] {escape(np['target'])}: {escape(np['reason'])}")

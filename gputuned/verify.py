@@ -59,6 +59,11 @@ class VerifyReport:
             "settings": [asdict(ln) for ln in self.lines],
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any], *, strict: bool = False) -> VerifyReport:
+        """Rebuild a report the daemon sent (``to_json``) for rendering here."""
+        return cls(str(d["profile"]), [Line(**ln) for ln in d["settings"]], strict=strict)
+
     def prometheus(self) -> str:
         """node_exporter textfile format (one family per metric, HELP and TYPE first)."""
         prof = self.profile.replace("\\", "\\\\").replace('"', '\\"')

@@ -33,6 +33,7 @@ class ProcInfo:
     cmdline: str
     cgroup: str  # the cgroup v2 path ("0::/..." line); "" when none
     threads: tuple[ThreadInfo, ...]
+    ppid: int = 0
 
 
 def list_pids(host: Host) -> list[int]:
@@ -83,7 +84,7 @@ def read_process(host: Host, pid: int, *, threads: bool = True) -> ProcInfo:
                 found.append(read_thread(host, f"{base}/task/{tid}", tid))
             except errors.TargetGone:
                 continue  # the thread exited between listing and reading
-    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(found))
+    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(found), ppid=int(f[4 - 3]))
 
 
 def iter_processes(host: Host, *, threads: bool = False) -> list[ProcInfo]:

@@ -27,6 +27,7 @@ Events say *that* something changed, not what the process is: read it through
 from __future__ import annotations
 
 import abc
+import contextlib
 import errno as E
 import logging
 import os
@@ -35,6 +36,7 @@ import struct
 import time
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Self
 
 from gputuned import errors
 from gputuned.host.fs import Host, translate
@@ -101,7 +103,8 @@ class ProcEvent:
     - ``"exit"``: with ``tid == pid`` the process is gone; with ``tid != pid`` one thread ended.
       The connector reports every thread's exit, the leader's possibly before the others'.
     - ``"overflow"``: events were lost (the connector's receive buffer overflowed, ENOBUFS).
-      ``pid`` and ``tid`` are 0. Rescan every process: anything may have started or ended.
+      ``pid`` and ``tid`` are 0. Rescan every process: anything may have started or ended, and
+      the events around it in the list do not bound the gap.
 
     ``pid`` is always the thread group id (what ``ps`` calls the PID). ``parent`` is 0 where the
     source does not say (connector exec and exit events).
@@ -244,7 +247,7 @@ class ProcWatcher(abc.ABC):
     def close(self) -> None:
         """Stop watching and free what the watcher holds."""
 
-    def __enter__(self) -> ProcWatcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -269,10 +272,13 @@ class NetlinkWatcher(ProcWatcher):
     counter). Without that reply the socket would stay silent forever, so no reply is an error.
 
     The kernel drops events when the receive buffer is full and the next ``recv`` fails with
-    ENOBUFS (netlink(7)); :meth:`read` then returns :data:`OVERFLOW` where the gap is. The buffer
-    is raised to ``rcvbuf`` (SO_RCVBUFFORCE as root, else SO_RCVBUF up to net.core.rmem_max):
-    one event is a 76-byte datagram but costs a whole skb (~1 KiB) of buffer, so 4 MiB holds a
-    few thousand events, a burst of thread creation in a server starting up.
+    ENOBUFS (netlink(7)); :meth:`read` then returns :data:`OVERFLOW`. The error comes first,
+    ahead of the events still queued (``__skb_try_recv_datagram`` checks ``sock_error`` before
+    the queue), so its place in the list does not say which events were lost: rescan all.
+    The buffer is raised to ``rcvbuf`` (SO_RCVBUFFORCE as root, else SO_RCVBUF up to
+    net.core.rmem_max; the kernel doubles it). One event is a 76-byte datagram but costs about
+    830 bytes of buffer (its skb): the default 4 MiB (8 MiB effective) held 10,083 events on the
+    CI machine kind (Linux 6.18, measured), more than a server starting its thread pools makes.
     """
 
     mode = "netlink"
@@ -336,12 +342,10 @@ class NetlinkWatcher(ProcWatcher):
     def close(self) -> None:
         if self._sock.fileno() < 0:
             return
-        try:
-            # Balances the kernel's listener count, so cn_proc stops building events nobody
-            # reads; it would find out at the next send anyway (send_msg, -ESRCH).
+        # Balances the kernel's listener count, so cn_proc stops building events nobody reads;
+        # it would find out at the next send anyway (send_msg, -ESRCH).
+        with contextlib.suppress(OSError):
             self._sock.sendto(mcast_request(PROC_CN_MCAST_IGNORE, 0), (0, 0))
-        except OSError:
-            pass
         self._sock.close()
 
 
@@ -375,7 +379,8 @@ def _subscribe(sock: socket.socket, timeout: float) -> list[ProcEvent]:
         for raw in parse_datagram(memoryview(buf)[:n]):
             if raw.what == PROC_EVENT_NONE and raw.ack == nonce + 1:
                 if raw.err:
-                    raise OSError(raw.err, f"the kernel refused PROC_CN_MCAST_LISTEN ({os.strerror(raw.err)})")  # fmt: skip
+                    why = f"the kernel refused PROC_CN_MCAST_LISTEN ({os.strerror(raw.err)})"
+                    raise OSError(raw.err, why)
                 return early
             ev = to_proc_event(raw)
             if ev is not None:

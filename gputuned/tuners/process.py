@@ -306,7 +306,13 @@ class ProcessTuner:
                     report_only=rule.report_only,
                     key=f"thread:{proc.pid}:{proc.start_time}:{attr}",
                     kind="thread",
-                    data={"pid": proc.pid, "start": proc.start_time, "attr": attr, "threads": want},
+                    data={
+                        "pid": proc.pid,
+                        "start": proc.start_time,
+                        "ppid": proc.ppid,
+                        "attr": attr,
+                        "threads": want,
+                    },
                     in_sync=all(have[t] == want[t] for t in want),
                 )
             )

@@ -1,0 +1,232 @@
+"""The daemon in-process against a tree: ordering of READY/STOPPING and writes, reload diff,
+journal adoption and replay, control commands. Signals are delivered for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputuned.apply import apply_profile
+from gputuned.daemon import Daemon
+from gputuned.host import Host
+from gputuned.host.fs import WriteRecord
+from gputuned.host.notify import Notifier
+from gputuned.host.state import JOURNAL
+from gputuned.profile import load_profile
+from tests.fakeproc import add_process, stat_line, status_text
+from tests.unit.test_apply import PROFILES, digest, tree_copy
+
+Events = list[tuple[str, str]]
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
+    """Notifications and host writes, in the order they happened."""
+    log: Events = []
+    real_send = Notifier.send
+    real_wrote = Host._wrote
+
+    def send(self: Notifier, *fields: str) -> None:
+        log.append(("notify", fields[0]))
+        real_send(self, *fields)
+
+    def wrote(self: Host, rec: WriteRecord) -> None:
+        log.append(("write", rec.path))
+        real_wrote(self, rec)
+
+    monkeypatch.setattr(Notifier, "send", send)
+    monkeypatch.setattr(Host, "_wrote", wrote)
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    yield log
+
+
+def profile_file(tmp_path: Path, count: int = 4) -> Path:
+    text = (PROFILES / "shared-host.toml").read_text().replace("count = 4", f"count = {count}")
+    p = tmp_path / "prof.toml"
+    p.write_text(text)
+    return p
+
+
+def index(log: Events, kind: str, what: str) -> int:
+    return next(i for i, e in enumerate(log) if e == (kind, what))
+
+
+def test_ready_after_apply_and_stopping_before_revert(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    ready = index(events, "notify", "READY=1")
+    writes = [i for i, e in enumerate(events) if e[0] == "write"]
+    assert writes and max(writes) < ready, "every apply write happens before READY=1"
+    assert (root / "proc/irq/42/smp_affinity_list").read_text() == "1\n"
+    assert d.status.startswith("applied shared-host:")
+    os.kill(os.getpid(), signal.SIGTERM)
+    d.loop.run_once(1.0)
+    assert d.running is False
+    assert d.stop() == 0
+    stopping = index(events, "notify", "STOPPING=1")
+    revert_writes = [i for i, e in enumerate(events) if e[0] == "write" and i > ready]
+    assert revert_writes and min(revert_writes) > stopping, "STOPPING=1 comes before the revert"
+    assert digest(root) == before
+
+
+def test_sighup_applies_only_the_difference(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    prof = profile_file(tmp_path, count=4)
+    d = Daemon(Host(root), profile_path=prof)
+    d.start()
+    events.clear()
+    prof.write_text(prof.read_text().replace("count = 4", "count = 6"))
+    os.kill(os.getpid(), signal.SIGHUP)
+    d.loop.run_once(1.0)
+    written = [w for kind, w in events if kind == "write"]
+    assert "/proc/irq/46/smp_affinity_list" in written  # CPU 1 -> CPU 5
+    assert "/proc/irq/42/smp_affinity_list" not in written  # CPU 1 under both: untouched
+    assert (root / "proc/irq/46/smp_affinity_list").read_text() == "5\n"
+    assert (root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus").read_text() == "1-6\n"
+    assert next(e for e in events if e[0] == "notify") == ("notify", "RELOADING=1")
+    assert ("notify", "READY=1") in events
+    assert d.counters["reloads"] == 1
+    d.stop()
+    assert digest(root) == before
+
+
+def test_stale_journal_is_adopted_then_restored(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    # A one-shot apply (or a killed daemon) left its journal and the active profile.
+    apply_profile(
+        Host(root), load_profile(profile_file(tmp_path)), source=str(profile_file(tmp_path))
+    )
+    events.clear()
+    d = Daemon(Host(root))
+    d.start()
+    assert not [e for e in events if e[0] == "write"], "adopting: the host stays tuned, no writes"
+    assert d.profile is not None and d.profile.name == "shared-host"
+    d.stop()
+    assert digest(root) == before
+
+
+def test_stale_journal_without_profile_is_replayed(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    (root / "etc/gputuned/active.json").unlink()
+    d = Daemon(Host(root))
+    d.start()
+    assert digest(root) == before and not (root / JOURNAL.lstrip("/")).exists()
+    assert d.status.startswith("idle")
+    d.stop()
+
+
+def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    before = digest(root)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    assert d.placed == {}
+    add_process(
+        root,
+        5000,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.api"],
+        exe="/usr/bin/python3.11",
+        start_time=777,
+        threads=[5001],
+        cpus="0-15",
+    )
+    time.sleep(d.watcher.timeout if d.watcher else 0)  # the next polling scan is due
+    d._on_proc_events()  # the polling watcher sees the new /proc/5000
+    assert 5000 in d.placed
+    stat = (root / "proc/5000/task/5001/stat").read_text()
+    assert stat.rpartition(")")[2].split()[19 - 3] == "-10"
+    # A thread created later, with the defaults a new thread has.
+    task = root / "proc/5000/task/5002"
+    task.mkdir()
+    task.joinpath("stat").write_text(
+        stat_line(
+            5000, 5002, "python3", start_time=777, nthreads=3, nice=0, policy=0, rt_priority=0
+        )
+    )
+    task.joinpath("status").write_text(
+        status_text(5000, 5002, "python3", nthreads=3, cpus=frozenset(range(16)), nr_cpus=16)
+    )
+    task.joinpath("comm").write_text("python3\n")
+    time.sleep(d.watcher.timeout if d.watcher else 0)
+    d._on_proc_events()
+    stat = (root / "proc/5000/task/5002/stat").read_text()
+    assert stat.rpartition(")")[2].split()[19 - 3] == "-10"
+    assert d.counters["placements"] >= 2
+    # A thread that inherited the tuned values (clone copies nice and affinity): nothing to
+    # write, but revert must still give it the process's original values.
+    task = root / "proc/5000/task/5003"
+    task.mkdir()
+    task.joinpath("stat").write_text(
+        stat_line(
+            5000, 5003, "python3", start_time=777, nthreads=4, nice=-10, policy=0, rt_priority=0
+        )
+    )
+    task.joinpath("status").write_text(
+        status_text(5000, 5003, "python3", nthreads=4, cpus=frozenset(range(1, 5)), nr_cpus=16)
+    )
+    task.joinpath("comm").write_text("python3\n")
+    time.sleep(d.watcher.timeout if d.watcher else 0)
+    d._on_proc_events()
+    d.stop()
+    for tid in (5000, 5001, 5002, 5003):
+        stat = (root / f"proc/5000/task/{tid}/stat").read_text()
+        assert stat.rpartition(")")[2].split()[19 - 3] == "0", tid
+        status = (root / f"proc/5000/task/{tid}/status").read_text()
+        assert "Cpus_allowed_list:\t0-15" in status, tid
+
+    # add_process made the process's own cgroup (user.slice) after `before`: leave it out.
+    def mine(k: str) -> bool:
+        return "5000" in k or "user.slice" in k
+
+    assert {k: v for k, v in digest(root).items() if not mine(k)} == {
+        k: v for k, v in before.items() if not mine(k)
+    }
+
+
+def test_control_commands(tmp_path: Path, events: Events) -> None:
+    from gputuned.host.control import PeerCred, request
+
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    peer = PeerCred(1, 0, 0)
+    status: dict[str, Any] = d._handle({"cmd": "status"}, peer)
+    assert status["active_profile"] == "shared-host" and status["daemon"]["watcher"] == "polling"
+    ver = d._handle({"cmd": "verify"}, peer)
+    assert ver["exit_code"] == 0
+    with pytest.raises(Exception, match="unknown command 'frobnicate'"):
+        d._handle({"cmd": "frobnicate"}, peer)
+    rev = d._handle({"cmd": "revert"}, peer)
+    assert rev["failed"] == [] and d.profile is None
+    again = d._handle({"cmd": "apply", "profile": str(profile_file(tmp_path))}, peer)
+    assert again["failed"] == [] and again["written"]
+    d.stop()
+    json.dumps(status)
+    assert request  # the client is exercised end to end in tests/unit/test_daemon_process.py
+
+
+def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("ci-vm", tmp_path, server=False)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[irq]\nspread = "yes"\n')
+    d = Daemon(Host(root), profile_path=bad)
+    with pytest.raises(Exception, match=r"irq\.spread"):
+        d.start()
+    d.lock.__exit__(None, None, None)
+    shutil.rmtree(root)
