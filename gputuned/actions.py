@@ -18,6 +18,7 @@ from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.host import Host, irqbalance, state
 from gputuned.host.proc import read_thread
+from gputuned.tuners.process import DEFAULT_AFFINITY
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
 
@@ -60,6 +61,10 @@ def expand(ch: Change) -> list[Op]:
                     "start": d["start"],
                     "tid": int(tid),
                     "ppid": d.get("ppid", 0),
+                    # The value plan read, before this apply moved the process anywhere: a
+                    # move into a partition changes the affinity by itself (cpuset_attach).
+                    "planned_old": d.get("old", {}).get(tid),
+                    "cgmount": d.get("cgmount"),
                 },
             )
             for tid, value in sorted(d["threads"].items(), key=lambda kv: int(kv[0]))
@@ -199,7 +204,10 @@ def write(host: Host, op: Op, value: str) -> None:
         if k == "nice":
             host.set_nice(tid, int(value))
         elif k == "affinity":
-            host.set_affinity(tid, parse_cpulist(value))
+            # DEFAULT_AFFINITY: allow every CPU; the kernel narrows it to what the cgroup allows
+            # and widens it again when the cgroup gets CPUs back (the user mask is kept).
+            cpus = _online(host) if value == DEFAULT_AFFINITY else parse_cpulist(value)
+            host.set_affinity(tid, cpus)
         else:
             pol, _, prio = value.partition(":")
             host.set_scheduler(tid, pol, int(prio or 0))
@@ -224,12 +232,31 @@ def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tupl
         if op.compare == "partition" and "invalid" in raw:
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
+    if op.kind == "affinity" and value == DEFAULT_AFFINITY:
+        now = read_old(host, op)
+        return parse_cpulist(now) == _cgroup_allows(host, op), now
     if op.kind == "irqbalance" and just_written:
         # irqbalance takes new settings at its next rescan (its sleep interval, 10 s by
         # default), so an immediate "setup" still shows the old ones; verify checks later.
         return True, value
     now = read_old(host, op)
     return now == value, now
+
+
+def _online(host: Host) -> frozenset[int]:
+    return parse_cpulist(host.read_value("/sys/devices/system/cpu/online"))
+
+
+def _cgroup_allows(host: Host, op: Op) -> frozenset[int]:
+    """CPUs the thread's current cgroup allows (cgroup v2 cpuset), else all online CPUs."""
+    mount = op.data.get("cgmount")
+    if mount:
+        for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
+            if line.startswith("0::"):
+                raw = host.read_optional(f"{mount}{line[3:].rstrip('/')}/cpuset.cpus.effective")
+                if raw is not None:
+                    return parse_cpulist(raw)
+    return _online(host)
 
 
 def same(compare: str, have: str, want: str) -> bool:

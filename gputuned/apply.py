@@ -30,6 +30,7 @@ from gputuned.host.state import (
 )
 from gputuned.journal import Entry, Journal
 from gputuned.profile import Profile
+from gputuned.tuners.process import DEFAULT_AFFINITY
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,14 @@ def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
         # from a tuned thread or parent. The latter still needs its original on record, or
         # revert would leave it tuned: the original of whoever passed the value on.
         if op.kind in THREAD_KINDS and op.key not in journal:
-            origin = _inherited_origin(journal, op)
+            planned = op.data.get("planned_old")
+            origin = planned if planned not in (None, op.value) else _inherited_origin(journal, op)
             if origin is not None:
-                journal.save(op, origin)
+                journal.save(op, str(origin))
         return None
     old = read_old(host, op)
+    if op.kind == "affinity" and op.data.get("planned_old") == DEFAULT_AFFINITY:
+        old = DEFAULT_AFFINITY  # the thread never chose its CPUs: restore "all the cgroup allows"
     new_entry = journal.save(op, old)
     try:
         write(host, op, op.value)
@@ -301,7 +305,9 @@ def _restore(host: Host, op: Op, old: str) -> str | None:
     """Put ``old`` back; None on success (or when the process is gone), else the error."""
     check = replace(op, compare="cpulist") if op.compare == "cpulist_subset" else op
     try:
-        if holds(host, check, old)[0]:
+        # "All the cgroup allows" is always written: it sets the kernel's user mask, which
+        # the process keeps when it moves back and its cgroup gets CPUs back.
+        if old != DEFAULT_AFFINITY and holds(host, check, old)[0]:
             return None  # already the original (the write never happened, or was undone)
         write(host, check, old)
         ok, seen = holds(host, check, old, just_written=True)

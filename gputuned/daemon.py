@@ -119,9 +119,9 @@ class Daemon:
             if self.watcher is not None and self.watcher.fileno() < 0:
                 self._on_proc_events()
             if self.control is not None:
-                for fd in self.control.client_fds():
-                    self.loop.add_reader(fd, self._on_control)
+                before = set(self.control.client_fds())
                 self.control.expire(time.monotonic())
+                self._sync_control(before)
             self._timers()
         return self.stop()
 
@@ -277,7 +277,19 @@ class Daemon:
 
     def _on_control(self, fd: int) -> None:
         if self.control is not None:
+            before = set(self.control.client_fds())
             self.control.on_readable(fd)
+            self._sync_control(before)
+
+    def _sync_control(self, before: set[int]) -> None:
+        """Watch the clients the server has now, and only those: a closed client's fd number
+        is reused by the next accept, so a stale registration would hide the new client."""
+        assert self.control is not None
+        after = set(self.control.client_fds())
+        for fd in before - after:
+            self.loop.remove_reader(fd)
+        for fd in after - before:
+            self.loop.add_reader(fd, self._on_control)
 
     def _on_hup(self, _sig: int) -> None:
         self.notify.send("RELOADING=1", f"MONOTONIC_USEC={int(time.monotonic() * 1e6)}")

@@ -64,6 +64,7 @@ def capture(
     dest: Path,
     *,
     probe_writes: bool = False,
+    stable: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, object]:
     """Copy the host's relevant files to ``dest``; return the tree metadata written.
@@ -71,6 +72,11 @@ def capture(
     With ``probe_writes``, each IRQ affinity and the ASPM policy is written back unchanged (the
     kernel treats an unchanged ASPM policy as a no-op; an IRQ gets the mask it already has) and
     refusals are recorded in ``write_errors`` so the tree refuses the same writes.
+
+    With ``stable``, what changes by itself between two captures of an unchanged host is left
+    out, so that two captures can be compared with ``diff -r``: interrupt counts (zeroed),
+    ``effective_affinity_list`` (the CPU the kernel picked within the affinity mask), NVML's
+    utilisation and process list, and the tree's name.
     """
     if dest.exists() and any(dest.iterdir()):
         raise errors.GputunedError(f"{dest} is not empty; capture into a new or empty directory")
@@ -85,12 +91,14 @@ def capture(
     say("PCI devices")
     _capture_pci(host, w)
     say("IRQs")
-    for name in ("cmdline", "interrupts", "mounts"):
-        _copy(host, w, f"/proc/{name}", _filter_mounts if name == "mounts" else None)
+    _copy(host, w, "/proc/cmdline")
+    _copy(host, w, "/proc/mounts", _filter_mounts)
+    _copy(host, w, "/proc/interrupts", _zero_counts if stable else None)
     _copy(host, w, "/proc/irq/default_smp_affinity")
     for irq in sorted((n for n in _list(host, "/proc/irq") if n.isdigit()), key=int):
         for f in _IRQ_FILES:
-            _copy(host, w, f"/proc/irq/{irq}/{f}")
+            if not (stable and f == "effective_affinity_list"):
+                _copy(host, w, f"/proc/irq/{irq}/{f}")
         if probe_writes:
             _probe(host, f"/proc/irq/{irq}/smp_affinity_list", write_errors)
     say("CPUs and NUMA")
@@ -109,13 +117,16 @@ def capture(
 
     nvml = read_gpus(host)
     meta: dict[str, object] = {
-        "name": dest.name,
+        "name": "capture" if stable else dest.name,
         "source": "capture",
         "note": f"captured by gputunectl capture from {host.root}",
         "write_errors": write_errors,
     }
     if nvml is not None:
-        meta["nvml"] = [asdict(g) for g in nvml]
+        meta["nvml"] = [
+            {**asdict(g), "utilization_gpu": None, "pids": []} if stable else asdict(g)
+            for g in nvml
+        ]
     (dest / TREE_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     say(f"done: {w.files} files")
     return meta
@@ -137,6 +148,11 @@ def _copy(
         log.debug("capture: skip %s: %s", hpath, exc)
         return
     w.put(hpath, transform(data) if transform else data)
+
+
+def _zero_counts(data: bytes) -> bytes:
+    """/proc/interrupts with every per-CPU count replaced by 0, layout kept."""
+    return re.sub(rb"(?<=\s)\d+(?=\s)", lambda m: b"0".rjust(len(m.group(0))), data)
 
 
 def _filter_mounts(data: bytes) -> bytes:

@@ -48,7 +48,7 @@ from pydantic import (
 
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
-from gputuned.cpulist import format_cpulist
+from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
@@ -295,7 +295,13 @@ class ProcessTuner:
         out: list[Change] = []
         threads = proc.threads
 
-        def per_thread(attr: str, have: dict[int, str], want: dict[int, str], shown: str) -> None:
+        def per_thread(
+            attr: str,
+            have: dict[int, str],
+            want: dict[int, str],
+            shown: str,
+            old: dict[int, str] | None = None,
+        ) -> None:
             out.append(
                 Change(
                     self.name,
@@ -312,6 +318,8 @@ class ProcessTuner:
                         "ppid": proc.ppid,
                         "attr": attr,
                         "threads": want,
+                        "old": old if old is not None else have,
+                        "cgmount": ctx.cgroup.v2_mount,
                     },
                     in_sync=all(have[t] == want[t] for t in want),
                 )
@@ -359,13 +367,35 @@ class ProcessTuner:
             if len(set(plan.values())) > 1:
                 main = format_cpulist(plan[proc.pid])
                 shown = f"one CPU each over {shown}, main thread alone on {main}"
+            # A thread whose affinity is just what its cgroup allows never chose one: its
+            # original is "whatever the cgroup allows" (DEFAULT_AFFINITY), not the CPU list
+            # of the moment, which a partition may have narrowed.
+            allowed = _cgroup_cpus(ctx, proc.cgroup)
             per_thread(
                 "affinity",
                 {t.tid: format_cpulist(t.affinity) for t in threads},
                 {tid: format_cpulist(c) for tid, c in plan.items()},
                 shown,
+                {
+                    t.tid: DEFAULT_AFFINITY if t.affinity == allowed else format_cpulist(t.affinity)
+                    for t in threads
+                },
             )
         return out
+
+
+#: Journal value of an affinity the thread never set itself (see _plan_proc).
+DEFAULT_AFFINITY = "cgroup-default"
+
+
+def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:
+    """The CPUs a process's cgroup lets it use: cpuset.cpus.effective, else all online."""
+    mount = ctx.cgroup.v2_mount
+    if mount and ctx.cgroup.partitions_possible:
+        raw = ctx.host.read_optional(f"{mount}{cgroup.rstrip('/')}/cpuset.cpus.effective")
+        if raw is not None:
+            return parse_cpulist(raw)
+    return ctx.cpus.online
 
 
 def policy_value(policy: str, priority: int) -> str:

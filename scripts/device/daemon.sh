@@ -25,7 +25,7 @@ for _ in range(2):  # threads started later
     threading.Thread(target=work, daemon=True).start()
 time.sleep(600)
 PY
-rm -rf /tmp/cap-before /tmp/cap-after; ctl capture /tmp/cap-before >/dev/null 2>&1
+rm -rf /tmp/cap-before /tmp/cap-after; ctl capture --stable /tmp/cap-before >/dev/null 2>&1
 python3 -m gputuned.daemon --profile profiles/shared-host.toml >"$out/daemon.log" 2>&1 & dmn=$!
 for i in $(seq 50); do ctl status --json >/dev/null 2>&1 && break; sleep 0.2; done
 echo "== daemon up"; ctl status
@@ -36,9 +36,9 @@ echo "== status / verify"; ctl status; ctl verify; echo "verify exit $?"
 grep -E "placed|exited" "$out/daemon.log" | head -20
 echo "== SIGTERM"; kill -TERM $dmn; wait $dmn; echo "daemon exit $?"
 echo "== after stop"; threads $srv
-ctl capture /tmp/cap-after >/dev/null 2>&1
-echo "== capture diff (before daemon start vs after stop; /proc/interrupts counts excluded)"
-diff -r --exclude=interrupts /tmp/cap-before /tmp/cap-after && echo "captures identical"
+ctl capture --stable /tmp/cap-after >/dev/null 2>&1
+echo "== capture diff (before daemon start vs after stop; capture --stable)"
+diff -r /tmp/cap-before /tmp/cap-after && echo "captures identical"
 kill $srv; wait $srv 2>/dev/null
 echo "== apply/revert benchmark"; python3 benchmarks/apply_revert.py profiles/shared-host.toml --rounds 20
 echo "== live integration tests (daemon, watcher)"

@@ -30,7 +30,7 @@ bad = [c for c in p["changes"] if c["tuner"].startswith("pcie") and not c["repor
 print("PCIe changes not report-only:", bad); sys.exit(1 if bad else 0)
 PY
 rm -rf /tmp/cap-before /tmp/cap-after
-ctl capture /tmp/cap-before >/dev/null 2>&1
+ctl capture --stable /tmp/cap-before >/dev/null 2>&1
 echo "== apply"; ctl apply profiles/shared-host.toml; ctl apply profiles/shared-host.toml --json >"$out/apply-again.json"
 echo "apply again wrote: $(python3 -c "import json;print(len(json.load(open('$out/apply-again.json'))['written']))")"
 echo "== verify"; ctl verify; echo "verify exit $?"; ctl verify --json >"$out/verify.json"
@@ -43,9 +43,9 @@ echo "== server threads (tid comm nice policy cpus_allowed last_cpu)"
 for t in /proc/$srv/task/*; do s=$(cat $t/stat); echo "$(basename $t) $(cat $t/comm) nice=$(echo "${s##*)}" | awk '{print $17}') policy=$(echo "${s##*)}" | awk '{print $39}') $(grep Cpus_allowed_list $t/status | tr -d '\t') cpu=$(echo "${s##*)}" | awk '{print $37}')"; done
 echo "server cgroup: $(cat /proc/$srv/cgroup)"
 ctl status
-echo "== revert"; ctl revert; ctl capture /tmp/cap-after >/dev/null 2>&1
-echo "== capture diff (before apply vs after revert; /proc/interrupts counts excluded)"
-diff -r --exclude=interrupts /tmp/cap-before /tmp/cap-after && echo "captures identical"
+echo "== revert"; ctl revert; ctl capture --stable /tmp/cap-after >/dev/null 2>&1
+echo "== capture diff (before apply vs after revert; capture --stable)"
+diff -r /tmp/cap-before /tmp/cap-after && echo "captures identical"
 echo "== benchmark"; python3 benchmarks/apply_revert.py profiles/shared-host.toml --rounds 20 --json "$out/bench.json"
 kill $srv; wait $srv 2>/dev/null
 echo "== live integration tests"; python3 -m pytest -q -p no:cacheprovider tests/integration -rA 2>&1 | tail -15

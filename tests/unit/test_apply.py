@@ -307,3 +307,20 @@ def test_status_and_active_profile_recorded(tmp_path: Path) -> None:
     assert parse_profile(active["profile"], "copy").name == "shared-host"
     revert_all(Host(root))
     assert not (root / "etc/gputuned/active.json").exists()
+
+
+def test_stable_captures_before_and_after_a_round_trip_are_identical(tmp_path: Path) -> None:
+    from gputuned.host.capture import capture
+
+    root = tree_copy("h200-captured", tmp_path)
+    capture(Host(root), tmp_path / "a", stable=True)
+    apply_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+    mid = tmp_path / "mid"
+    capture(Host(root), mid, stable=True)
+    revert_all(Host(root))
+    capture(Host(root), tmp_path / "b", stable=True)
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert digest(tmp_path / "a") != digest(mid)
+    text = (tmp_path / "a/proc/interrupts").read_text()
+    assert text.splitlines()[1].split()[1:3] == ["0", "0"]
+    assert not list((tmp_path / "a/proc/irq").glob("*/effective_affinity_list"))
