@@ -80,7 +80,11 @@ def read_context(
         irqs=read_interrupts(host),
         default_affinity=read_default_affinity(host),
         cgroup=read_cgroup_layout(host),
-        processes=iter_processes(host),
+        # exe and cgroup cost two more reads per process: only when a rule matches on them.
+        processes=iter_processes(
+            host,
+            brief=not any(r.match.exe or r.match.unit or r.match.cgroup for r in profile.process),
+        ),
         registered=dict(registered or {}),
     )
 

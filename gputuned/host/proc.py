@@ -60,23 +60,28 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
     )
 
 
-def read_process(host: Host, pid: int, *, threads: bool = True) -> ProcInfo:
+def read_process(
+    host: Host, pid: int, *, threads: bool = True, brief: bool = False
+) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
-    ``threads=False`` skips the per-thread files: enough to match a process against rules.
+    ``threads=False`` skips the per-thread files; ``brief`` also skips exe and cgroup (exe
+    None, cgroup ""): enough to match comm and cmdline rules across every process cheaply.
     """
     base = f"/proc/{pid}"
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
     start = int(f[22 - 3])
-    try:
-        exe: str | None = host.readlink(f"{base}/exe")
-    except errors.HostError:
-        exe = None  # kernel threads have no exe; another user's needs privilege
-    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
+    exe: str | None = None
     cgroup = ""
-    for line in host.read_text(f"{base}/cgroup").splitlines():
-        if line.startswith("0::"):
-            cgroup = line[3:]
+    if not brief:
+        try:
+            exe = host.readlink(f"{base}/exe")
+        except errors.HostError:
+            exe = None  # kernel threads have no exe; another user's needs privilege
+        for line in host.read_text(f"{base}/cgroup").splitlines():
+            if line.startswith("0::"):
+                cgroup = line[3:]
+    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
     found = []
     if threads:
         for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):
@@ -87,12 +92,12 @@ def read_process(host: Host, pid: int, *, threads: bool = True) -> ProcInfo:
     return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(found), ppid=int(f[4 - 3]))
 
 
-def iter_processes(host: Host, *, threads: bool = False) -> list[ProcInfo]:
+def iter_processes(host: Host, *, threads: bool = False, brief: bool = False) -> list[ProcInfo]:
     """Every process readable now (without threads unless asked); exiting ones are skipped."""
     out = []
     for pid in list_pids(host):
         try:
-            out.append(read_process(host, pid, threads=threads))
+            out.append(read_process(host, pid, threads=threads, brief=brief))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     return out
