@@ -94,6 +94,8 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
             return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
         if code == E.EPERM:
             return "unmovable (EPERM): the kernel refuses to move this IRQ"
+        if code == E.EROFS:
+            return "read-only here (EROFS): /proc/irq is mounted read-only (a container?)"
     if isinstance(exc, ReadBackMismatch) and op.kind == "pcie":
         return f"the device keeps this register field read-only: {exc}"
     if op.kind == "policy" and isinstance(exc, errors.PermissionDenied):

@@ -68,6 +68,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
         Host(args.root),
         args.dir,
         probe_writes=args.probe_writes,
+        stable=args.stable,
         progress=lambda m: err.print(f"capture: {m}"),
     )
     if args.json:
@@ -318,6 +319,50 @@ def _add_engine_commands(sub: Any) -> None:
     s.set_defaults(func=cmd_bootargs)
 
 
+# ---- install-system / uninstall-system (gputuned/install.py) ---------------------------------
+
+
+def cmd_install_system(args: argparse.Namespace) -> int:
+    from gputuned.install import find_gputuned, install_system, render
+
+    report = install_system(Host(args.prefix), exe=find_gputuned(), dry_run=args.dry_run)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        render(report)
+    return report.exit_code
+
+
+def cmd_uninstall_system(args: argparse.Namespace) -> int:
+    from gputuned.install import render, uninstall_system
+
+    report = uninstall_system(Host(args.prefix), dry_run=args.dry_run)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        render(report)
+    return report.exit_code
+
+
+def _add_install_commands(sub: Any) -> None:
+    for name, text, func in (
+        ("install-system", "install the systemd unit, udev rule and profiles", cmd_install_system),
+        ("uninstall-system", "remove what install-system installed", cmd_uninstall_system),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument(
+            "--prefix", type=Path, default=Path("/"), help="install under DIR (default: /)"
+        )
+        s.add_argument(
+            "--dry-run", action="store_true", help="say what would change; change nothing"
+        )
+        _add_json(s)
+        s.set_defaults(func=func)
+
+
+# ---- end of install-system / uninstall-system --------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputunectl",
@@ -351,10 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="write each IRQ affinity and the ASPM policy back unchanged to record which the "
         "kernel refuses (the tree then refuses them too)",
     )
+    s.add_argument(
+        "--stable",
+        action="store_true",
+        help="leave out what changes by itself (interrupt counts, effective IRQ targets, NVML "
+        "load), so two captures of an unchanged host compare equal with diff -r",
+    )
     s.set_defaults(func=cmd_capture)
 
     s = sub.add_parser("schema", help="print the profile JSON schema")
     s.set_defaults(func=cmd_schema)
+
+    _add_install_commands(sub)
     return p
 
 

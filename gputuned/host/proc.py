@@ -60,9 +60,7 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
     )
 
 
-def read_process(
-    host: Host, pid: int, *, threads: bool = True, brief: bool = False
-) -> ProcInfo:
+def read_process(host: Host, pid: int, *, threads: bool = True, brief: bool = False) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
     ``threads=False`` skips the per-thread files; ``brief`` also skips exe and cgroup (exe

@@ -1,0 +1,201 @@
+"""install-system / uninstall-system into a temporary prefix (the real one is tested in e2e)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gputuned import cli, errors
+from gputuned.host import Host, sysinstall
+from gputuned.install import (
+    PROFILES_DIR,
+    RECORD,
+    RULE,
+    UNIT,
+    install_system,
+    rewrite_exec_start,
+    systemd_quote,
+    uninstall_system,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+EXE = "/opt/venv/bin/gputuned"
+SHIPPED_PROFILES = sorted(p.name for p in (REPO / "profiles").glob("*.toml"))
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {"/" + str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def actions(report: object) -> dict[str, str]:
+    return {f.path: f.action for f in report.files}  # type: ignore[attr-defined]
+
+
+def test_package_data_is_the_top_level_sources() -> None:
+    """gputuned/data/* are links to profiles/, systemd/, udev/: one source, shipped in wheels."""
+    assert sorted(sysinstall.package_data("profiles")) == SHIPPED_PROFILES
+    assert (
+        sysinstall.package_data("systemd")["gputuned.service"]
+        == (REPO / "systemd/gputuned.service").read_bytes()
+    )
+    assert (
+        sysinstall.package_data("udev")["90-gputuned.rules"]
+        == (REPO / "udev/90-gputuned.rules").read_bytes()
+    )
+
+
+def test_install_into_prefix(tmp_path: Path) -> None:
+    report = install_system(Host(tmp_path), exe=EXE)
+    want = {UNIT, RULE, *(f"{PROFILES_DIR}/{n}" for n in SHIPPED_PROFILES)}
+    assert actions(report) == dict.fromkeys(want, "install")
+    assert set(files_under(tmp_path)) == want | {RECORD}
+    unit = (tmp_path / UNIT.lstrip("/")).read_text()
+    assert f"\nExecStart={EXE}\n" in unit
+    assert "/usr/local/bin/gputuned" not in unit.split("ExecStart=", 1)[1].split("\n", 1)[0]
+    record = json.loads((tmp_path / RECORD.lstrip("/")).read_text())
+    assert record["exec_start"] == EXE
+    assert {f["path"] for f in record["files"]} == want
+    assert (tmp_path / UNIT.lstrip("/")).stat().st_mode & 0o777 == 0o644
+    # not the running system: nothing to reload, and it says why
+    assert [(s.command, s.result) for s in report.steps] == [
+        ("systemctl daemon-reload", "skipped"),
+        ("udevadm control --reload", "skipped"),
+    ]
+    assert all("not into the running system" in s.detail for s in report.steps)
+
+
+def test_install_twice_changes_nothing(tmp_path: Path) -> None:
+    install_system(Host(tmp_path), exe=EXE)
+    before = files_under(tmp_path)
+    report = install_system(Host(tmp_path), exe=EXE)
+    assert set(actions(report).values()) == {"unchanged"}
+    after = files_under(tmp_path)
+    assert {k: v for k, v in after.items() if k != RECORD} == {
+        k: v for k, v in before.items() if k != RECORD
+    }
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    report = install_system(Host(tmp_path), exe=EXE, dry_run=True)
+    assert set(actions(report).values()) == {"install"}
+    assert files_under(tmp_path) == {}
+    install_system(Host(tmp_path), exe=EXE)
+    before = files_under(tmp_path)
+    report = uninstall_system(Host(tmp_path), dry_run=True)
+    assert set(actions(report).values()) == {"remove"}
+    assert files_under(tmp_path) == before
+
+
+def test_reinstall_updates_ours_and_keeps_changed(tmp_path: Path) -> None:
+    install_system(Host(tmp_path), exe=EXE)
+    changed = tmp_path / PROFILES_DIR.lstrip("/") / "shared-host.toml"
+    changed.write_text(changed.read_text() + "# the admin's edit\n")
+    report = install_system(Host(tmp_path), exe="/usr/local/bin/gputuned")  # another venv
+    acts = actions(report)
+    assert acts[UNIT] == "update"  # ours, unchanged since: replaced
+    assert acts[f"{PROFILES_DIR}/shared-host.toml"] == "keep"
+    assert changed.read_text().endswith("# the admin's edit\n")
+    kept = next(f for f in report.files if f.action == "keep")
+    assert "changed since gputuned installed it" in kept.detail
+
+
+def test_a_file_gputuned_did_not_install_is_never_replaced(tmp_path: Path) -> None:
+    mine = tmp_path / RULE.lstrip("/")
+    mine.parent.mkdir(parents=True)
+    mine.write_text("# the admin's own rule\n")
+    report = install_system(Host(tmp_path), exe=EXE)
+    assert actions(report)[RULE] == "keep"
+    assert mine.read_text() == "# the admin's own rule\n"
+    uninstall_system(Host(tmp_path))
+    assert mine.read_text() == "# the admin's own rule\n"  # not in the record: not removed
+
+
+def test_uninstall_removes_exactly_what_it_installed(tmp_path: Path) -> None:
+    own = tmp_path / PROFILES_DIR.lstrip("/") / "mine.toml"
+    install_system(Host(tmp_path), exe=EXE)
+    own.write_text('name = "mine"\n')
+    changed = tmp_path / PROFILES_DIR.lstrip("/") / "latency-critical.toml"
+    changed.write_text("# rewritten\n")
+    (tmp_path / RULE.lstrip("/")).unlink()
+    report = uninstall_system(Host(tmp_path))
+    acts = actions(report)
+    assert acts[UNIT] == "remove"
+    assert acts[RULE] == "gone"
+    assert acts[f"{PROFILES_DIR}/latency-critical.toml"] == "keep"
+    assert acts[RECORD] == "remove"
+    assert set(files_under(tmp_path)) == {
+        f"{PROFILES_DIR}/mine.toml",
+        f"{PROFILES_DIR}/latency-critical.toml",
+    }
+    assert report.exit_code == 0
+
+
+def test_uninstall_removes_empty_folders_and_nothing_else(tmp_path: Path) -> None:
+    install_system(Host(tmp_path), exe=EXE)
+    uninstall_system(Host(tmp_path))
+    assert not (tmp_path / "etc/gputuned").exists()
+    assert (tmp_path / "etc/systemd/system").is_dir()  # not ours to remove
+    report = uninstall_system(Host(tmp_path))
+    assert report.files == [] and report.steps[0].result == "skipped"
+
+
+def test_files_no_longer_shipped_are_removed_on_reinstall(tmp_path: Path) -> None:
+    install_system(Host(tmp_path), exe=EXE)
+    old = f"{PROFILES_DIR}/retired.toml"
+    (tmp_path / old.lstrip("/")).write_text("old\n")
+    record_path = tmp_path / RECORD.lstrip("/")
+    record = json.loads(record_path.read_text())
+    import hashlib
+
+    record["files"].append({"path": old, "sha256": hashlib.sha256(b"old\n").hexdigest()})
+    record_path.write_text(json.dumps(record))
+    report = install_system(Host(tmp_path), exe=EXE)
+    assert actions(report)[old] == "remove"
+    assert not (tmp_path / old.lstrip("/")).exists()
+
+
+def test_damaged_record_changes_nothing(tmp_path: Path) -> None:
+    record = tmp_path / RECORD.lstrip("/")
+    record.parent.mkdir(parents=True)
+    record.write_text("{not json")
+    record.chmod(0o600)
+    with pytest.raises(errors.GputunedError, match="is not what install-system writes"):
+        uninstall_system(Host(tmp_path))
+    assert files_under(tmp_path) == {RECORD: b"{not json"}
+
+
+@pytest.mark.parametrize(
+    ("exe", "line"),
+    [
+        ("/opt/venv/bin/gputuned", "ExecStart=/opt/venv/bin/gputuned"),
+        ("/opt/my venv/bin/gputuned", 'ExecStart="/opt/my venv/bin/gputuned"'),
+        ("/opt/100%/gputuned", "ExecStart=/opt/100%%/gputuned"),
+    ],
+)
+def test_exec_start_rewrite(exe: str, line: str) -> None:
+    unit = "[Service]\nType=notify\nExecStart=/usr/local/bin/gputuned --foreground\nX=1\n"
+    out = rewrite_exec_start(unit, exe)
+    assert out.splitlines()[2] == f"{line} --foreground"
+    assert out.splitlines()[3] == "X=1"
+
+
+def test_exec_start_must_be_one_line() -> None:
+    with pytest.raises(errors.GputunedError, match="2 ExecStart= lines"):
+        rewrite_exec_start("ExecStart=/a\nExecStart=/b\n", EXE)
+    assert systemd_quote('a"b') == '"a\\"b"'
+    with pytest.raises(errors.GputunedError, match="cannot hold"):
+        systemd_quote("/opt/$HOME/bin/gputuned")
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["install-system", "--prefix", str(tmp_path), "--dry-run", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dry_run"] and data["ok"] and data["prefix"] == str(tmp_path)
+    assert data["exec_start"].endswith("/gputuned")
+    assert cli.main(["install-system", "--prefix", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "install " in out and "next: systemctl enable --now gputuned.service" in out
+    assert cli.main(["uninstall-system", "--prefix", str(tmp_path)]) == 0
+    assert "remove " in capsys.readouterr().out
