@@ -324,3 +324,13 @@ def test_stable_captures_before_and_after_a_round_trip_are_identical(tmp_path: P
     text = (tmp_path / "a/proc/interrupts").read_text()
     assert text.splitlines()[1].split()[1:3] == ["0", "0"]
     assert not list((tmp_path / "a/proc/irq").glob("*/effective_affinity_list"))
+
+
+def test_read_only_proc_irq_is_not_possible_not_a_failure(tmp_path: Path) -> None:
+    root = tree_copy("dual-socket-8gpu", tmp_path)
+    host = Host(root)
+    host.inject("/proc/irq/121/smp_affinity_list", "write", errno.EROFS)  # a container's /proc
+    _, report = apply_profile(host, full_profile())
+    assert report.failed == []
+    (np,) = [v for v in report.not_possible.values() if v["target"].startswith("irq 121")]
+    assert np["reason"].startswith("read-only here (EROFS)")
