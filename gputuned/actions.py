@@ -18,6 +18,7 @@ from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.host import Host, irqbalance, state
 from gputuned.host.proc import read_thread
+from gputuned.host.system import cgroup_cpus
 from gputuned.tuners.process import DEFAULT_AFFINITY
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
@@ -253,9 +254,9 @@ def _cgroup_allows(host: Host, op: Op) -> frozenset[int]:
     if mount:
         for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
             if line.startswith("0::"):
-                raw = host.read_optional(f"{mount}{line[3:].rstrip('/')}/cpuset.cpus.effective")
-                if raw is not None:
-                    return parse_cpulist(raw)
+                cpus = cgroup_cpus(host, str(mount), line[3:])
+                if cpus is not None:
+                    return cpus
     return _online(host)
 
 

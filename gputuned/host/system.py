@@ -139,3 +139,17 @@ def read_cgroup_layout(host: Host) -> CgroupLayout:
     return CgroupLayout(
         "hybrid" if v1 else "v2", v2_mount, frozenset(ctrl.split()), frozenset(sub.split())
     )
+
+
+def cgroup_cpus(host: Host, mount: str, cgroup: str) -> frozenset[int] | None:
+    """CPUs a cgroup v2 cgroup lets its tasks use: its cpuset.cpus.effective, or that of the
+    nearest ancestor with one (a cgroup without the cpuset controller enabled shares its
+    parent's cpuset, and has no cpuset files of its own). None without any cpuset file."""
+    parts = [p for p in cgroup.split("/") if p]
+    while True:
+        raw = host.read_optional("/".join([mount.rstrip("/"), *parts, "cpuset.cpus.effective"]))
+        if raw is not None:
+            return parse_cpulist(raw)
+        if not parts:
+            return None
+        parts.pop()

@@ -48,8 +48,9 @@ from pydantic import (
 
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
-from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.cpulist import format_cpulist
 from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
+from gputuned.host.system import cgroup_cpus
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
 COMM_MAX = 15
@@ -392,9 +393,9 @@ def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:
     """The CPUs a process's cgroup lets it use: cpuset.cpus.effective, else all online."""
     mount = ctx.cgroup.v2_mount
     if mount and ctx.cgroup.partitions_possible:
-        raw = ctx.host.read_optional(f"{mount}{cgroup.rstrip('/')}/cpuset.cpus.effective")
-        if raw is not None:
-            return parse_cpulist(raw)
+        cpus = cgroup_cpus(ctx.host, mount, cgroup)
+        if cpus is not None:
+            return cpus
     return ctx.cpus.online
 
 

@@ -334,3 +334,36 @@ def test_read_only_proc_irq_is_not_possible_not_a_failure(tmp_path: Path) -> Non
     assert report.failed == []
     (np,) = [v for v in report.not_possible.values() if v["target"].startswith("irq 121")]
     assert np["reason"].startswith("read-only here (EROFS)")
+
+
+def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_default(
+    tmp_path: Path,
+) -> None:
+    """A process that starts while the partition exists has the CPUs the partition left it
+    (0,5-15 here), though it never chose them; its original is "what its cgroup allows",
+    looked up through ancestors when its own cgroup has no cpuset files (seen on the H200
+    host: /process_api/<id> without the cpuset controller)."""
+    import json as _json
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    prof = load_profile(PROFILES / "shared-host.toml")
+    apply_profile(Host(root), prof)  # the partition 1-4 exists before the server starts
+    add_process(
+        root,
+        SERVER_PID,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
+        exe="/usr/bin/python3.11",
+        start_time=123456,
+        threads=[SERVER_PID + 1],
+        cpus="0,5-15",
+    )
+    assert not (root / "sys/fs/cgroup/user.slice/user-0.slice/cpuset.cpus.effective").exists()
+    apply_profile(Host(root), prof)
+    olds = {
+        e["entry"]["key"]: e["entry"]["old"]
+        for e in map(_json.loads, (root / JOURNAL.lstrip("/")).read_text().splitlines())
+        if e["op"] == "save"
+    }
+    aff = {k: v for k, v in olds.items() if k.endswith(":affinity")}
+    assert set(aff.values()) == {"cgroup-default"}, aff
