@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import __version__, errors
+from gputuned.actions import Reused, expand, holds
 from gputuned.apply import (
     ApplyReport,
     apply_profile,
@@ -41,7 +42,7 @@ from gputuned.apply import (
     restore_process,
     revert_all,
 )
-from gputuned.changes import PlanContext
+from gputuned.changes import Change, PlanContext
 from gputuned.engine import plan_processes, plan_profile, read_context
 from gputuned.host import Host
 from gputuned.host.control import ControlServer, PeerCred
@@ -65,6 +66,8 @@ class Daemon:
         self.profile: Profile | None = None
         self.source = ""
         self.ctx: PlanContext | None = None
+        self.settings: list[Change] = []  # applied last, re-read by the drift check
+        self._drift_ticks = 0
         self.placed: dict[int, int] = {}  # pid -> start time
         self.registered: dict[int, str] = {}  # pid -> rule name
         self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
@@ -82,6 +85,15 @@ class Daemon:
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        # Handlers first: a SIGHUP (default action: terminate) or SIGTERM that arrives during the
+        # start apply must wait for the loop, not kill the daemon half-way through its writes.
+        for sig, h in (
+            (signal.SIGHUP, self._on_hup),
+            (signal.SIGTERM, self._on_term),
+            (signal.SIGINT, self._on_term),
+            (signal.SIGUSR2, self._on_usr2),
+        ):
+            self.loop.on_signal(sig, h)
         self.lock.__enter__()
         self._adopt_or_replay()
         self.profile, self.source = self._load_profile()
@@ -99,13 +111,6 @@ class Daemon:
         self.udev = open_monitor(self.host)
         if self.udev is not None:
             self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev())
-        for sig, h in (
-            (signal.SIGHUP, self._on_hup),
-            (signal.SIGTERM, self._on_term),
-            (signal.SIGINT, self._on_term),
-            (signal.SIGUSR2, self._on_usr2),
-        ):
-            self.loop.on_signal(sig, h)
         self._schedule()
         self.notify.send("READY=1", f"STATUS={self.status}", f"MAINPID={_pid()}")
         log.info("daemon: ready (%s); process events by %s", self.status, self.watcher.mode)
@@ -181,7 +186,7 @@ class Daemon:
 
     def _apply_full(self, why: str) -> ApplyReport:
         assert self.profile is not None
-        _, report = apply_profile(
+        plan, report = apply_profile(
             self.host,
             self.profile,
             keep_going=True,
@@ -190,6 +195,10 @@ class Daemon:
             registered=self.registered,
         )
         self.ctx = read_context(self.host, self.profile, registered=self.registered)
+        self.settings = [
+            c for c in plan.settings if not c.report_only and c.key not in report.not_possible
+        ]
+        self._drift_ticks = 0
         for w in report.written:
             log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
         for f in report.failed:
@@ -197,6 +206,21 @@ class Daemon:
         self._refresh_placed()
         self._verify()
         return report
+
+    def _drifted(self) -> bool:
+        """Does any applied setting no longer hold? Reads only those settings' files."""
+        for ch in self.settings:
+            for op in expand(ch):
+                try:
+                    if not holds(self.host, op, op.value)[0]:
+                        log.info("daemon: drift: %s %s", op.tuner, op.target)
+                        return True
+                except (errors.TargetGone, Reused):
+                    continue  # a process that exited; the watcher forgets it
+                except errors.GputunedError as exc:
+                    log.info("daemon: drift check of %s failed (%s); re-planning", op.target, exc)
+                    return True
+        return False
 
     def _refresh_placed(self) -> None:
         assert self.ctx is not None
@@ -337,9 +361,14 @@ class Daemon:
         if self.profile is None:
             return
         if self._next.get("drift", float("inf")) <= t:
-            report = self._apply_full("drift repair")
-            self.counters["repairs"] += len(report.written)
-            self.notify.send(f"STATUS={self.status}")
+            self._drift_ticks += 1
+            # Cheap check first: re-read only what was applied. A full re-plan (every process,
+            # device and IRQ read again) runs when something drifted, and every 10th tick to
+            # catch what no event announced.
+            if self._drifted() or self._drift_ticks >= 10:
+                report = self._apply_full("drift repair")
+                self.counters["repairs"] += len(report.written)
+                self.notify.send(f"STATUS={self.status}")
             self._next["drift"] = t + self.profile.daemon.drift_interval_s
         if self._next.get("nvml", float("inf")) <= t:
             self._apply_full("nvml")

@@ -230,3 +230,20 @@ def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> Non
         d.start()
     d.lock.__exit__(None, None, None)
     shutil.rmtree(root)
+
+
+def test_drift_is_repaired_and_counted(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    events.clear()
+    d._next["drift"] = 0
+    d._timers()  # nothing drifted: the cheap check reads, writes nothing
+    assert not [e for e in events if e[0] == "write"] and d.counters["repairs"] == 0
+    (root / "proc/irq/45/smp_affinity_list").write_text("0-15\n")  # irqbalance moved it back
+    d._next["drift"] = 0
+    d._timers()
+    assert (root / "proc/irq/45/smp_affinity_list").read_text() == "4\n"
+    assert d.counters["repairs"] == 1
+    assert ("notify", f"STATUS={d.status}") in events
+    d.stop()
