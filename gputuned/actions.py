@@ -84,7 +84,9 @@ def expand(ch: Change) -> list[Op]:
                 data=dict(ch.data),
             )
         ]
-    if ch.kind in ("cgroup", "controller", "file"):
+    if ch.kind == "controller":  # wanted reads "+cpuset" for people; the op's value is a state
+        return [Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, "present", data=dict(ch.data))]
+    if ch.kind in ("cgroup", "file"):
         return [Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, ch.wanted, data=dict(ch.data))]
     return [Op(ch.key, ch.tuner, ch.target, "sysfs", ch.path, ch.wanted, ch.compare)]
 

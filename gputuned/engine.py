@@ -69,7 +69,7 @@ def read_context(
     need_nvml = any(r.match.uses_gpu is not None for r in profile.process) or (
         pp is not None and pp.mps != "keep"
     )
-    snap = snapshot(host, nvml=need_nvml)
+    snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
     cpus = read_host_cpus(host, snap.topo, snap.nvml)
     return PlanContext(
         host=host,

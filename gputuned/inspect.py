@@ -28,10 +28,10 @@ class Snapshot:
     cmdline: str
 
 
-def snapshot(host: Host, *, nvml: bool = True) -> Snapshot:
+def snapshot(host: Host, *, nvml: bool = True, gpu_trees_only: bool = False) -> Snapshot:
     """Read the PCI tree, ASPM policy and command line; NVML only when ``nvml`` (it is slow to
     initialise, and plan needs it only for "uses GPU N" rules and the busy check before MPS)."""
-    topo = scan(host)
+    topo = scan(host, gpu_trees_only=gpu_trees_only)
     cmdline = read_cmdline(host)
     gpus = read_gpus(host) if nvml else None
     return Snapshot(topo, gpus, read_aspm_policy(host, topo, cmdline), cmdline)

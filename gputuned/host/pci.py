@@ -122,17 +122,37 @@ class PciTopology:
         return [d for d in self.devices.values() if d.config.pcie is not None]
 
 
-def scan(host: Host) -> PciTopology:
-    """Read every PCI function under /sys/bus/pci/devices."""
+def scan(host: Host, *, gpu_trees_only: bool = False) -> PciTopology:
+    """Read every PCI function under /sys/bus/pci/devices.
+
+    ``gpu_trees_only``: only the functions under a GPU's root port (the GPU, its path and
+    its siblings, which share the path's MPS), found from the sysfs ``class`` and ``vendor``
+    attributes without touching config space. Config reads of passed-through devices trap to
+    the hypervisor; on the H200 VM they were most of a plan's time.
+    """
     devices: dict[str, PciDevice] = {}
     try:
-        names = host.listdir(DEVICES)
+        names = [n for n in host.listdir(DEVICES) if _BDF.match(n)]
     except errors.TargetGone:
         return PciTopology({})
+    if gpu_trees_only:
+        paths = {bdf: host.resolve(f"{DEVICES}/{bdf}") for bdf in names}
+        roots = {_root_port(paths[b]) for b in names if _is_gpu_by_attrs(host, paths[b])}
+        names = [b for b in names if _root_port(paths[b]) in roots]
     for bdf in names:
-        if _BDF.match(bdf):
-            devices[bdf] = _read_device(host, bdf)
+        devices[bdf] = _read_device(host, bdf)
     return PciTopology(devices)
+
+
+def _root_port(sysfs: str) -> str:
+    """The first BDF below the host bridge in a device's sysfs path (itself on a root bus)."""
+    return next((p for p in sysfs.split("/") if _BDF.match(p)), sysfs)
+
+
+def _is_gpu_by_attrs(host: Host, sysfs: str) -> bool:
+    cls = host.read_optional(f"{sysfs}/class") or "0"
+    vendor = host.read_optional(f"{sysfs}/vendor") or "0"
+    return (int(cls, 16) >> 16) == 0x03 and int(vendor, 16) in GPU_VENDORS
 
 
 def _read_device(host: Host, bdf: str) -> PciDevice:

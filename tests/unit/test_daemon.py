@@ -237,6 +237,7 @@ def test_drift_is_repaired_and_counted(tmp_path: Path, events: Events) -> None:
     d = Daemon(Host(root), profile_path=profile_file(tmp_path))
     d.start()
     events.clear()
+    assert not d._drifted(), "every applied setting reads back as applied"
     d._next["drift"] = 0
     d._timers()  # nothing drifted: the cheap check reads, writes nothing
     assert not [e for e in events if e[0] == "write"] and d.counters["repairs"] == 0
