@@ -111,7 +111,12 @@ class Journal:
             return
         line = json.dumps({"v": VERSION, "op": "drop", "key": key}) + "\n"
         # Not fsynced: a lost "drop" only makes a later revert find the value already back.
-        append_durable(self.host, JOURNAL, line.encode(), sync=False)
+        # For the same reason a failed one must not stop a rollback or revert half-way (a full
+        # /run would otherwise leave the host half applied).
+        try:
+            append_durable(self.host, JOURNAL, line.encode(), sync=False)
+        except errors.HostError as exc:
+            log.warning("journal: could not record that %s is restored: %s", key, exc)
         del self._entries[key]
 
     def compact(self) -> None:

@@ -325,6 +325,10 @@ class ControlServer:
                 f"request is not valid JSON ({exc.msg} at column {exc.colno}); "
                 'send one JSON object per line, like {"v": 1, "cmd": "status"}'
             )
+        except RecursionError:  # "[[[[..." within the line limit: json gives up, not the daemon
+            return _error(
+                'request nests too deeply; send one JSON object per line, like {"v": 1, "cmd": "status"}'
+            )
         if not isinstance(req, dict):
             return _error(
                 f"request must be a JSON object, not {type(req).__name__}; "

@@ -27,7 +27,11 @@ _RMDIR_BUSY = "a cgroup that still has processes or child cgroups, or a mount po
 
 @dataclass(frozen=True)
 class Fault:
-    """An injected failure: ``op`` ("read" or "write") on ``path`` fails with ``errno``."""
+    """An injected failure: ``op`` ("read" or "write") on ``path`` fails with ``errno``.
+
+    ``op`` "drop" makes a write to ``path`` succeed and store nothing (``errno`` unused): a
+    register field the device keeps read-only, a value the kernel does not keep.
+    """
 
     path: str
     op: str
@@ -84,10 +88,12 @@ class Host:
                     self.faults.append(Fault(str(p), "write", _ERRNO_NAMES[str(name)], True))
                 # "inject": faults the host did not show at capture, for fault tests through
                 # the CLI: [{"path": ..., "op": "write"|"read"|"mkdir"|"rmdir", "errno": "EIO"}]
+                # or {"path": ..., "op": "drop"} (the write succeeds and stores nothing)
                 inj = self.meta.get("inject", [])
                 assert isinstance(inj, list)
                 for f in inj:
-                    self.faults.append(Fault(f["path"], f["op"], _ERRNO_NAMES[f["errno"]]))
+                    code = 0 if f["op"] == "drop" else _ERRNO_NAMES[f["errno"]]
+                    self.faults.append(Fault(f["path"], f["op"], code))
 
     @property
     def live(self) -> bool:
@@ -197,6 +203,9 @@ class Host:
         kernel (formats, side effects, errors) after any injected fault has fired.
         """
         self._check_fault("write", hpath)
+        if any(f.op == "drop" and f.path == hpath for f in self.faults):
+            self._wrote(WriteRecord(hpath, data, offset))  # "succeeds"; nothing is stored
+            return
         with self._translate("write", hpath):
             if self.live:
                 write_file(self.path(hpath), data, offset)
@@ -292,7 +301,8 @@ class Host:
         """Make ``op`` on ``path`` fail with ``errno_`` from now on (tests, fault matrix).
 
         ``op`` is "read", "write", "mkdir" or "rmdir"; thread operations are writes to their
-        pseudo-path, e.g. ``inject("/proc/1234/task/1235:nice", "write", errno.EPERM)``.
+        pseudo-path, e.g. ``inject("/proc/1234/task/1235:nice", "write", errno.EPERM)``. "drop"
+        makes file writes to ``path`` return success and store nothing (``errno_`` unused).
         """
         self.faults.append(Fault(path, op, errno_))
 

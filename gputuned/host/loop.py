@@ -46,7 +46,9 @@ class Loop:
                     data = os.read(self._r, 512)
                 except BlockingIOError:
                     data = b""
-                for signum in data:
+                # Each signal once per wake-up, as the kernel keeps a standard signal pending
+                # only once: a storm of SIGHUPs is one reload, not fifty.
+                for signum in dict.fromkeys(data):
                     h = self._signals.get(signum)
                     if h is not None:
                         h(signum)

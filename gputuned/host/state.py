@@ -64,8 +64,15 @@ def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) ->
     try:
         fd = os.open(real, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            if os.write(fd, line) != len(line):
-                raise OSError(E.EIO, "short write to the journal")
+            size = os.fstat(fd).st_size
+            try:
+                if os.write(fd, line) != len(line):
+                    raise OSError(E.ENOSPC, "short write to the journal")
+            except OSError:
+                # A full file system takes part of the line: cut it off again, or the next
+                # append would continue the torn line and make the journal unreadable.
+                os.ftruncate(fd, size)
+                raise
             if sync:
                 os.fsync(fd)
         finally:

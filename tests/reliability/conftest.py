@@ -1,0 +1,108 @@
+"""Shared helpers of the reliability gauntlet (docs/reliability.md quotes what these tests print).
+
+Trees are copied from tests/data/hosts and compared with :func:`tests.unit.test_apply.digest`
+(every file, link and directory except gputuned's own state); :func:`fingerprint` shortens a
+digest to 12 hex digits for the printed tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gputuned.actions import holds
+from gputuned.host import Host
+from gputuned.journal import Journal
+from tests.unit.test_apply import digest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fingerprint(d: dict[str, str]) -> str:
+    """A digest of a tree, shortened for tables: equal trees print equal fingerprints."""
+    return hashlib.sha256(json.dumps(sorted(d.items())).encode()).hexdigest()[:12]
+
+
+def tree_fingerprint(root: Path) -> str:
+    return fingerprint(digest(root))
+
+
+def diff_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def journal_only_names_values_in_place(root: Path) -> list[str]:
+    """Entries left in the journal whose original is NOT what the host holds now (should be none).
+
+    After a rollback whose "drop" records could not be written (a full /run), entries stay in
+    the file; they are harmless exactly when the host already holds their old value.
+    """
+    host = Host(root)
+    bad = []
+    for e in Journal(host).entries():
+        try:
+            ok = holds(host, e.op, e.old)[0]
+        except Exception as exc:  # a process that is gone: nothing to restore
+            ok = "gone" in str(exc) or "not there" in str(exc)
+        if not ok:
+            bad.append(e.op.key)
+    return bad
+
+
+#: Byte code of the many short ``python3 -m gputuned...`` runs, cached outside the checkout
+#: (this host sets PYTHONDONTWRITEBYTECODE; compiling gputuned costs ~0.1 s per start).
+PYCACHE = Path(tempfile.gettempdir()) / f"gputuned-reliability-pycache-{os.getuid()}"
+
+
+def subprocess_env() -> dict[str, str]:
+    """This environment for a child gputuned: no inherited failpoint, cached byte code."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GPUTUNED_FAILPOINT", "PYTHONDONTWRITEBYTECODE")
+    }
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    return env
+
+
+def run_module(
+    module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python3 -m MODULE ARGS`` from the checkout, with ``env`` added to this environment."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=subprocess_env() | (env or {}),
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+    )
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The one-shot ``gputunectl``."""
+    return run_module("gputuned.cli", *args, env=env)
+
+
+@pytest.fixture
+def terminal(capsys: pytest.CaptureFixture[str]) -> Iterator[list[str]]:
+    """Lines to show on the terminal after the test even under -q (the figures for the docs)."""
+    lines: list[str] = []
+    yield lines
+    with capsys.disabled():
+        sys.stdout.write("\n" + "\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: run scripts/test as root (CI does)")

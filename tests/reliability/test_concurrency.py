@@ -1,0 +1,280 @@
+"""Concurrency: applies racing each other and a revert, a daemon under a SIGHUP storm.
+
+The host lock (/run/gputuned/lock, an flock) lets one apply or revert run at a time; the other
+is refused with Busy naming the holder. Afterwards, in every test:
+
+- the journal file reads line by line (no two writers' lines interleaved or torn), and no key
+  is saved twice without a drop between (a lost or duplicated original);
+- the host writes of one apply or revert never interleave with another's;
+- a final revert leaves the tree byte-identical to the tree before the first apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputuned import errors
+from gputuned.apply import apply_profile, revert_all
+from gputuned.host import Host
+from gputuned.host.control import daemon_running, request
+from gputuned.host.fs import WriteRecord
+from gputuned.host.state import JOURNAL, HostLock
+from gputuned.journal import Journal
+from gputuned.profile import load_profile
+from tests.reliability.conftest import REPO, cli, diff_keys, subprocess_env
+from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
+
+BUSY = "another gputuned apply or revert is running"
+
+
+def journal_problems(root: Path) -> list[str]:
+    """Lines that do not parse, and keys saved twice without a drop between."""
+    path = root / JOURNAL.lstrip("/")
+    if not path.exists():
+        return []
+    live: set[str] = set()
+    bad = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            bad.append(f"line {n} does not parse: {line[:80]!r}")
+            continue
+        if rec.get("v") != 1 or rec.get("op") not in ("save", "drop"):
+            bad.append(f"line {n}: {rec}")
+        elif rec["op"] == "save":
+            key = rec["entry"]["key"]
+            if key in live:
+                bad.append(f"line {n}: {key} saved twice")
+            live.add(key)
+        else:
+            live.discard(rec["key"])
+    Journal(Host(root))  # and the engine folds it
+    return bad
+
+
+@contextmanager
+def write_log() -> Iterator[list[tuple[int, str]]]:
+    """(id of the Host, path) of every write any Host makes, in order."""
+    log: list[tuple[int, str]] = []
+    real = Host._wrote
+    lock = threading.Lock()
+
+    def wrote(self: Host, rec: WriteRecord) -> None:
+        with lock:
+            log.append((id(self), rec.path))
+        real(self, rec)
+
+    Host._wrote = wrote  # type: ignore[method-assign]
+    try:
+        yield log
+    finally:
+        Host._wrote = real  # type: ignore[method-assign]
+
+
+def interleaved(log: list[tuple[int, str]]) -> list[int]:
+    """Hosts whose writes were split by another Host's writes (should be none)."""
+    seen: list[int] = []
+    for host_id, _ in log:
+        if seen and seen[-1] == host_id:
+            continue
+        seen.append(host_id)
+    return [h for h in set(seen) if seen.count(h) > 1]
+
+
+def race(n: int, *jobs: Callable[[], Any]) -> list[tuple[str, str]]:
+    """Run ``jobs`` at once (a barrier), ``n`` rounds; each outcome is (job, "ok" | "busy")."""
+    out = []
+    for _ in range(n):
+        barrier = threading.Barrier(len(jobs))
+
+        def run(job: Callable[[], Any], barrier: threading.Barrier = barrier) -> tuple[str, str]:
+            barrier.wait()
+            try:
+                job()
+            except errors.Busy as exc:
+                assert BUSY in str(exc) and "PID" in str(exc), exc
+                return job.__name__, "busy"
+            return job.__name__, "ok"
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            out += list(pool.map(run, jobs))
+    return out
+
+
+def test_two_applies_at_once(tmp_path: Path, terminal: list[str]) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    profile = full_profile()
+
+    def apply_a() -> None:
+        apply_profile(Host(root), profile)
+
+    def apply_b() -> None:
+        apply_profile(Host(root), profile)
+
+    def revert() -> None:
+        revert_all(Host(root))
+
+    with write_log() as log:
+        twin = race(20, apply_a, apply_b, revert)
+    assert not interleaved(log), "writes of two applies or reverts interleaved"
+    assert journal_problems(root) == []
+    busy = sum(o == "busy" for _, o in twin)
+    assert busy >= 10, twin  # the barrier makes most rounds collide
+    assert revert_all(Host(root)).failed == []
+    assert digest(root) == before
+    terminal.append(
+        f"concurrency: 20 rounds of apply + apply + revert in threads: {len(twin) - busy} ran, "
+        f"{busy} refused (Busy), 0 interleaved writes, journal consistent, final revert exact"
+    )
+
+
+def test_cli_apply_refused_while_locked_and_cli_races(tmp_path: Path, terminal: list[str]) -> None:
+    root = tree_copy("degraded-link", tmp_path)
+    before = digest(root)
+    prof = tmp_path / "shared-host.toml"
+    shutil.copy(PROFILES / "shared-host.toml", prof)
+    with HostLock(Host(root)):
+        held = cli("apply", "--root", str(root), str(prof))
+    assert held.returncode == 3
+    assert f"{BUSY} (PID {os.getpid()})" in " ".join(held.stderr.split())
+    assert digest(root) == before, "a refused apply writes nothing"
+    # Processes racing: apply, apply, revert started together, 6 rounds.
+    outcomes: list[tuple[str, int, bool]] = []
+    for _ in range(6):
+        cmds = [
+            ["apply", "--root", str(root), str(prof)],
+            ["apply", "--root", str(root), str(prof)],
+            ["revert", "--root", str(root)],
+        ]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "gputuned.cli", *c],
+                cwd=REPO,
+                env=subprocess_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in cmds
+        ]
+        for c, p in zip(cmds, procs, strict=True):
+            _, err = p.communicate(timeout=60)
+            busy = BUSY in " ".join(err.split())
+            assert p.returncode == 0 or (p.returncode == 3 and busy), (c, p.returncode, err)
+            outcomes.append((c[0], p.returncode, busy))
+        assert journal_problems(root) == []
+    assert cli("revert", "--root", str(root)).returncode == 0
+    assert digest(root) == before
+    refused = sum(b for *_, b in outcomes)
+    terminal.append(
+        f"concurrency: 6 rounds of gputunectl apply + apply + revert as processes: "
+        f"{len(outcomes) - refused} ran, {refused} refused (Busy); final revert exact"
+    )
+
+
+# -- the daemon under SIGHUP --------------------------------------------------------------------
+
+
+def start_daemon(root: Path, profile: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gputuned.daemon", "--root", str(root), "--profile", str(profile)],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.005)
+
+
+def hup_storm(pid: int, n: int, between: Callable[[int], object] | None = None) -> None:
+    for i in range(n):
+        if between is not None:
+            between(i)
+        os.kill(pid, signal.SIGHUP)
+        time.sleep(0.002)
+
+
+def test_sighup_storm_during_start_apply_and_reloads(tmp_path: Path, terminal: list[str]) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    prof = tmp_path / "prof.toml"
+    four = (PROFILES / "shared-host.toml").read_text()
+    six = four.replace("count = 4", "count = 6")
+    assert four != six
+    prof.write_text(four)
+    d = start_daemon(root, prof)
+    try:
+        # The storm starts as soon as the start apply writes its first journal entry.
+        wait_for(lambda: (root / JOURNAL.lstrip("/")).exists() or d.poll() is not None, "journal")
+        hup_storm(d.pid, 50)
+        wait_for(lambda: daemon_running(Host(root)) or d.poll() is not None, "control socket")
+        assert d.poll() is None, (
+            f"daemon died in the storm: {d.returncode} {d.communicate()[1][-800:]}"
+        )
+        # A second storm while the profile file flips between two versions: each reload
+        # applies only the difference; the last one read wins.
+        hup_storm(d.pid, 50, lambda i: prof.write_text(six if i % 2 == 0 else four))
+        prof.write_text(six)
+        os.kill(d.pid, signal.SIGHUP)
+        host = Host(root)
+
+        def settled() -> bool:
+            st = request(host, {"cmd": "status"})
+            v = request(host, {"cmd": "verify"})
+            return bool(st["ok"] and v["ok"] and v["counts"]["drifted"] == 0) and (
+                (root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus").read_text() == "1-6\n"
+            )
+
+        wait_for(settled, "settled daemon")
+        status = request(host, {"cmd": "status"})
+        assert status["daemon"]["pid"] == d.pid
+        reloads = status["daemon"]["reloads"]
+        assert 1 <= reloads <= 101
+        assert journal_problems(root) == []
+        # The daemon holds the host lock for its life: a one-shot apply is refused.
+        with pytest.raises(errors.Busy, match=f"PID {d.pid}"):
+            apply_profile(Host(root), load_profile(prof))
+        # Two control-socket applies at once: the daemon's single loop serialises them.
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(
+                pool.map(lambda _: request(host, {"cmd": "apply", "profile": str(prof)}), range(2))
+            )
+        assert all(a["ok"] and not a["failed"] for a in answers), answers
+        assert journal_problems(root) == []
+        d.send_signal(signal.SIGTERM)
+        assert d.wait(timeout=30) == 0
+    finally:
+        if d.poll() is None:
+            d.kill()
+            d.wait()
+    after = digest(root)
+    assert after == before, diff_keys(before, after)
+    assert not (root / JOURNAL.lstrip("/")).exists()
+    terminal.append(
+        f"concurrency: daemon took 100 SIGHUPs (50 during its start apply, 50 while the profile "
+        f"flipped) as {reloads} reloads; 2 simultaneous control applies served; journal "
+        "consistent; SIGTERM revert exact"
+    )
