@@ -92,8 +92,10 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
     if op.kind == "sysfs" and op.path.startswith("/proc/irq/"):
         if code == E.EIO:
             return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
-        if code == E.EPERM:
-            return "unmovable (EPERM): the kernel refuses to move this IRQ"
+        if code in (E.EPERM, E.EACCES):
+            # EACCES: the kernel made this IRQ's file read-only (0444) for an IRQ it will not
+            # move, and the caller lacks CAP_DAC_OVERRIDE.
+            return f"unmovable ({E.errorcode[code]}): the kernel refuses to move this IRQ"
         if code == E.EROFS:
             return "read-only here (EROFS): /proc/irq is mounted read-only (a container?)"
     if isinstance(exc, ReadBackMismatch) and op.kind == "pcie":

@@ -46,7 +46,10 @@ def read_host_cpus(host: Host, topo: PciTopology, nvml: list[NvmlGpu] | None) ->
         numa=numa,
         gpus=refs,
         isolated=parse_cpulist(host.read_optional(f"{CPU_DIR}/isolated") or ""),
-        nohz_full=parse_cpulist(host.read_optional(f"{CPU_DIR}/nohz_full") or ""),
+        # Without nohz_full= on the command line the file reads "(null)" (kernel 6.12).
+        nohz_full=parse_cpulist(
+            (host.read_optional(f"{CPU_DIR}/nohz_full") or "").replace("(null)", "")
+        ),
     )
 
 

@@ -209,6 +209,10 @@ def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:
     """Whether this kernel has cpuset.cpus.exclusive (6.7+): look at the group or any child."""
     if group is not None:
         return host.exists(f"{group}/cpuset.cpus.exclusive")
+    # cpuset.cpus.isolated, in the root cgroup, came with the same cpuset rework (6.7+); it is
+    # there even before any child has the cpuset controller enabled.
+    if host.exists(f"{mount}/cpuset.cpus.isolated"):
+        return True
     return any(
         host.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
         for name in host.listdir(mount)
