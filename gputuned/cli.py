@@ -363,6 +363,41 @@ def _add_install_commands(sub: Any) -> None:
 # ---- end of install-system / uninstall-system --------------------------------------------------
 
 
+# ---- top (gputuned/top.py) ------------------------------------------------------------------
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from gputuned.top import run_top
+
+    return run_top(
+        Host(args.root), pids=args.pid, once=args.once, as_json=args.json, interval=args.interval
+    )
+
+
+def _add_top_command(sub: Any) -> None:
+    s = sub.add_parser(
+        "top",
+        help="live view per placed process: run-queue delay, context switches, IRQs, GPU load",
+    )
+    s.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="watch this process (repeatable; default: the daemon's placed and registered "
+        "processes, else those matching the applied profile's rules)",
+    )
+    s.add_argument("--once", action="store_true", help="print one view after one interval")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    _add_root(s)
+    _add_json(s)
+    s.set_defaults(func=cmd_top)
+
+
+# ---- end of top --------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputunectl",
@@ -408,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_schema)
 
     _add_install_commands(sub)
+    _add_top_command(sub)
     return p
 
 

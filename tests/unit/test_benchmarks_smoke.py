@@ -1,0 +1,112 @@
+"""The noisy-neighbour benchmark end to end, tiny and CPU-only: JSON and PNG out, nothing left.
+
+No gputuned condition here (that would tune this machine); the noise generators that the short
+run does not use are started on their own with a deadline, to show they end by themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "noisy_neighbor.py"
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("noisy_neighbor", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Check signature and every chunk's CRC; return (width, height)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    i, size = 8, (0, 0)
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        tag, body = data[i + 4 : i + 8], data[i + 8 : i + 8 + n]
+        assert struct.unpack(">I", data[i + 8 + n : i + 12 + n])[0] == zlib.crc32(tag + body)
+        if tag == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        i += 12 + n
+    assert tag == b"IEND"
+    return size
+
+
+def test_tiny_cpu_only_run(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--noise", "cpu", "--rounds", "1",
+         "--window", "1", "--warmup", "0.2", "--settle", "0.3", "--no-gputuned",
+         "--worker", "cpu", "--cpu-burners", "2", "--token-ms", "1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert time.monotonic() - t0 < 30
+    doc: dict[str, Any] = json.loads((tmp_path / "noisy_neighbor.json").read_text())
+    assert doc["ok"] and doc["worker"] == "cpu-standin"
+    assert doc["config"]["conditions"] == ["clean", "noisy", "clean-again"]
+    assert doc["config"]["noise_processes"] == {"cpu": {"cpu": 2}}
+    assert [w["condition"] for w in doc["windows"]] == ["clean", "noisy", "clean-again"]
+    for w in doc["windows"]:
+        assert w["tokens"] > 0 and w["tok_s"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
+        for key in ("tok_s_x", "p50_x", "p99_x", "runq_ms_per_token", "invol_cs_per_1k"):
+            assert key in w
+    summary = doc["summary"]["cpu"]
+    assert set(summary) == {"clean", "noisy", "clean-again"}
+    for key in ("tok_s_x", "p50_x", "p99_x", "runq_ms_per_token", "invol_cs_per_1k"):
+        assert set(summary["noisy"][key]) == {"median", "min", "max", "n"}
+    assert summary["noisy"]["p99_pooled_x"] > 0 and summary["noisy"]["tokens"] > 0
+    # Worker and two burners, each stopped by PID and reaped.
+    assert len(doc["started_pids"]) == 3 and doc["leftover_pids"] == []
+    assert all(gone(pid) for pid in doc["started_pids"])
+    assert png_size((tmp_path / "noisy_neighbor.png").read_bytes())[0] > 100
+    assert "CPU STAND-IN" in run.stdout and "noisy" in run.stdout
+
+
+@pytest.mark.parametrize("role", ["cpu", "net", "disk"])
+def test_noise_ends_by_itself_at_its_deadline(tmp_path: Path, role: str) -> None:
+    argv = [sys.executable, str(SCRIPT), "--role", role, "--deadline", str(time.time() + 0.5)]
+    if role == "disk":
+        argv += ["--disk-dir", str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # the disk writer removed its file
+
+
+def test_plain_png_and_figures(tmp_path: Path) -> None:
+    nn = load()
+    block = [
+        {"condition": "clean", "tok_s": 100.0, "p50_ms": 2.0, "p99_ms": 4.0},
+        {"condition": "noisy", "tok_s": 50.0, "p50_ms": 3.0, "p99_ms": 12.0},
+        {"condition": "clean-again", "tok_s": 100.0, "p50_ms": 2.0, "p99_ms": 4.0},
+    ]
+    nn.add_ratios(block)
+    assert (block[1]["tok_s_x"], block[1]["p50_x"], block[1]["p99_x"]) == (0.5, 1.5, 3.0)
+    assert nn.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert nn.percentile([5.0], 99) == 5.0
+    summary = {"cpu": {"noisy": {"tok_s_x": nn.spread([0.5, 0.6]), "p99_x": nn.spread([3.0])}}}
+    nn._plain_png(summary, tmp_path / "p.png")
+    assert png_size((tmp_path / "p.png").read_bytes()) == (640, 360)
