@@ -915,12 +915,18 @@ def plan_seconds(args: argparse.Namespace, kinds: list[str]) -> float:
     return args.rounds * len(kinds) * (windows * per_window + 6.0 * len(args.profile) + 2.0)
 
 
+def _terminated(*_: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    print("noisy_neighbor: SIGTERM: stopping everything it started", file=sys.stderr)
+    sys.exit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
         run_role(args)
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+    signal.signal(signal.SIGTERM, _terminated)  # run the finally blocks
     kinds = [k.strip() for k in args.noise.split(",") if k.strip()]
     bad = [k for k in kinds if k not in NOISE_PARTS]
     if bad:
@@ -930,30 +936,34 @@ def main(argv: list[str] | None = None) -> int:
     children = Children()
     disk_dir = tempfile.mkdtemp(prefix="noisy-disk-", dir=args.disk_dir)
     result: dict[str, Any] = {"benchmark": "noisy_neighbor", "command": sys.argv, "ok": False}
+    windows: list[dict[str, Any]] = []  # of whole blocks only
     try:
         ctx = setup(args, children, disk_dir, kinds, result)
-        windows: list[dict[str, Any]] = []
         for rnd in range(1, args.rounds + 1):
             order = kinds if rnd % 2 else list(reversed(kinds))  # drift cancels over rounds
             for kind in order:
                 windows += Block(ctx, kind, rnd).run()
         ctx["worker"].close()
-        result["summary"] = summarize(windows)
-        for w in windows:
-            lat = w.pop("_lat")
-            if args.keep_latencies:
-                w["lat_ms"] = lat
-        result["windows"] = windows
         result["ok"] = True
     finally:
         children.stop_all()
         shutil.rmtree(disk_dir, ignore_errors=True)
+        # An interrupted run still leaves the figures of the blocks it finished.
+        result["summary"] = summarize(windows) if windows else {}
+        result["windows"] = [_public(w, args.keep_latencies) for w in windows]
         result["started_pids"] = children.started
         result["leftover_pids"] = children.alive()
         result["elapsed_s"] = round(time.monotonic() - t_start, 1)
         (args.out / "noisy_neighbor.json").write_text(json.dumps(result, indent=1) + "\n")
     finish(args, result)
     return 0 if not result["leftover_pids"] else 1
+
+
+def _public(w: dict[str, Any], latencies: bool) -> dict[str, Any]:
+    out = {k: v for k, v in w.items() if k != "_lat"}
+    if latencies:
+        out["lat_ms"] = w["_lat"]
+    return out
 
 
 def setup(

@@ -10,12 +10,15 @@ Run as root on a host where no profile is applied and no daemon runs; everything
 2. ``gputuned --profile PROFILE`` is started; once it is up, its CPU time is read from
    /proc/PID/stat (utime + stime, clock ticks) and from its threads' schedstat (nanoseconds)
    before and after ``--idle-seconds`` of doing nothing. Goal: <= 0.1 % of one CPU.
-3. ``--starts`` times: a Python process whose command line the profile's rule matches
-   (``python3 -S DIR/vllm-probe.py``, as a vLLM server's would) is started, and /proc of the new
-   process is polled until its cgroup, nice level and the affinity of every thread are what the
-   rule asks for. The time runs from just before ``Popen`` (fork and exec included, so it is an
-   upper bound) to the first poll that sees it placed. The probe also reports what it saw of
-   itself at its first line of Python, and starts two threads, which must end up placed too.
+3. ``--starts`` times: a Python process whose command line the rule matches is started
+   (``python3 -S DIR/gputuned-reaction-probe.py``, matched by a copy of the profile's first rule
+   that matches nothing else, so that other people's processes are left alone; with
+   ``--profile-rules``, ``DIR/vllm-probe.py`` matched by the profile's own rules), and /proc of
+   the new process is polled every 0.5 ms until its cgroup, nice level and the affinity of every
+   thread are what the rule asks for. The time runs from just before ``Popen`` (fork and exec
+   included, so it is an upper bound; also reported from Popen's return) to the first poll that
+   sees it placed. The probe also reports what it saw of itself at its first line of Python,
+   and starts two threads, which must end up placed too.
    Goal: p99 <= 20 ms.
 4. The daemon is stopped (SIGTERM: it reverts) and the host compared with before.
 """
