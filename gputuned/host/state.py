@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gputuned import errors
 from gputuned.host.fs import Host, translate
+from gputuned.host.sysinstall import install_file, remove_file
 
 RUN_DIR = "/run/gputuned"
 ETC_DIR = "/etc/gputuned"
@@ -84,30 +85,15 @@ def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) ->
 
 
 def replace_durable(host: Host, hpath: str, data: bytes, mode: int = 0o600) -> None:
-    """Write a whole file atomically: a temporary beside it, fsync, rename, fsync the directory."""
+    """Write a whole file atomically (sysinstall.install_file: temporary beside it, every byte
+    written, fsync, rename, fsync the directory), in a private directory, if it is trusted."""
     ensure_dir(host, hpath.rsplit("/", 1)[0])
     check_private(host, hpath)
-    real = host.path(hpath)
-    tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, real)
-        _fsync_dir(real.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise translate(exc, "write", hpath) from exc
+    install_file(host, hpath, data, mode)
 
 
 def remove(host: Host, hpath: str) -> None:
-    try:
-        host.path(hpath).unlink(missing_ok=True)
-    except OSError as exc:
-        raise translate(exc, "remove", hpath) from exc
+    remove_file(host, hpath)
 
 
 def read_optional_bytes(host: Host, hpath: str) -> bytes | None:
