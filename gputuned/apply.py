@@ -89,7 +89,14 @@ def _inherited_origin(journal: Journal, op: Op) -> str | None:
 def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
     """Host limits (not gputuned failures): skip the setting and say why."""
     code = getattr(exc, "errno", None)
-    if op.kind == "sysfs" and op.path.startswith("/proc/irq/"):
+    # Only a refused *write* says the IRQ cannot move. Reading its affinity has no such
+    # answer in the kernel (kernel/irq/proc.c show_irq_affinity()): a read error there is an
+    # unexplained fault, a failure like any other (rolled back without --keep-going).
+    if (
+        op.kind == "sysfs"
+        and op.path.startswith("/proc/irq/")
+        and getattr(exc, "op", "") == "write"
+    ):
         if code == E.EIO:
             return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
         if code in (E.EPERM, E.EACCES):
@@ -107,8 +114,10 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
     return None
 
 
-def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
-    """Journal and write one op. Returns (old value, journal entry is new), None if no-op."""
+def _prepare(
+    host: Host, journal: Journal, op: Op, *, defer: bool = False
+) -> tuple[str, bool] | None:
+    """Journal ``op``'s old value. Returns (old value, journal entry is new), None if no-op."""
     if holds(host, op, op.value)[0]:
         # Already right: an IRQ inside the allowed set, or a thread that inherited the value
         # from a tuned thread or parent. The latter still needs its original on record, or
@@ -117,12 +126,16 @@ def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
             planned = op.data.get("planned_old")
             origin = planned if planned not in (None, op.value) else _inherited_origin(journal, op)
             if origin is not None:
-                journal.save(op, str(origin))
+                journal.save(op, str(origin), defer=defer)
         return None
     old = read_old(host, op)
     if op.kind == "affinity" and op.data.get("planned_old") == DEFAULT_AFFINITY:
         old = DEFAULT_AFFINITY  # the thread never chose its CPUs: restore "all the cgroup allows"
-    new_entry = journal.save(op, old)
+    return old, journal.save(op, old, defer=defer)
+
+
+def _commit(host: Host, journal: Journal, op: Op, old: str, new_entry: bool) -> None:
+    """Write ``op`` (its old value already durable in the journal) and read it back."""
     try:
         write(host, op, op.value)
         ok, seen = holds(host, op, op.value, just_written=True)
@@ -135,7 +148,14 @@ def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
             _restore_quietly(host, op, old)
             journal.drop(op.key)
         raise
-    return old, new_entry
+
+
+def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
+    """Journal and write one op. Returns (old value, journal entry is new), None if no-op."""
+    done = _prepare(host, journal, op)
+    if done is not None:
+        _commit(host, journal, op, *done)
+    return done
 
 
 def _restore_quietly(host: Host, op: Op, old: str) -> None:
@@ -157,16 +177,18 @@ def apply_profile(
     source: str = "",
     lock: bool = True,
     registered: dict[int, str] | None = None,
+    journal: Journal | None = None,
 ) -> tuple[PlanResult, ApplyReport]:
     """Make the host match ``profile``; only differences are written.
 
     ``lock=False`` is for the daemon, which holds the host lock for its whole life.
     ``registered`` maps PIDs placed by hand (``gputunectl register``) to a rule name.
+    ``journal``: the caller's open journal (the daemon keeps one for its whole life).
     """
     t0 = time.monotonic()
     with HostLock(host) if lock else contextlib.nullcontext():
         plan = plan_profile(host, profile, registered=registered)
-        journal = Journal(host)
+        journal = journal if journal is not None else Journal(host)
         report = ApplyReport()
         try:
             apply_settings(host, journal, plan.settings, report, keep_going=keep_going)
@@ -187,51 +209,109 @@ def apply_settings(
     report: ApplyReport,
     *,
     keep_going: bool,
+    batch: bool = False,
 ) -> None:
     """Write every setting that is not in sync (journal first, read back after).
 
     On a failure without ``keep_going``, what this call wrote is undone and ApplyError raised.
+    ``batch=True`` journals every old value first with one fsync, then writes: for the daemon's
+    placements, where an fsync per thread setting was most of the time from exec to placed.
+    A setting that holds by the time its turn comes (a thread's CPUs narrowed by its process's
+    move into the partition) is not written; its journaled original stays, as for inherited
+    values.
     """
-    undo: list[tuple[Op, str, bool]] = []
-    for ch in settings:
-        # In-sync thread settings still go through _one: a thread that inherited its values
-        # needs its original journaled (nothing is written for it).
-        if ch.report_only or (ch.in_sync and ch.kind != "thread"):
-            continue
-        for op in expand(ch):
+    # In-sync thread settings still go through _prepare: a thread that inherited its values
+    # needs its original journaled (nothing is written for it).
+    ops = [
+        (ch, op)
+        for ch in settings
+        if not (ch.report_only or (ch.in_sync and ch.kind != "thread"))
+        for op in expand(ch)
+    ]
+    w = _Writer(host, journal, report, keep_going)
+    if batch:
+        w.batched(ops)
+    else:
+        w.one_by_one(ops)
+
+
+@dataclass
+class _Writer:
+    host: Host
+    journal: Journal
+    report: ApplyReport
+    keep_going: bool
+    undo: list[tuple[Op, str, bool]] = field(default_factory=list)
+
+    def one_by_one(self, ops: list[tuple[Change, Op]]) -> None:
+        for ch, op in ops:
             try:
-                done = _one(host, journal, op)
-            except (errors.TargetGone, Reused) as exc:
-                if op.kind in PROCESS_KINDS:
-                    report.skipped.append({"target": op.target, "reason": str(exc)})
-                    continue
-                why = None
-                failure: errors.GputunedError = exc
+                done = _one(self.host, self.journal, op)
             except errors.GputunedError as exc:
-                why = _not_possible_reason(op, exc)
-                failure = exc
+                self.fail(ch, op, exc)
             else:
                 if done is not None:
-                    undo.append((op, done[0], done[1]))
-                    report.written.append({"target": op.target, "old": done[0], "new": op.value})
-                continue
-            if why is not None:
-                report.not_possible[ch.key] = {"target": ch.target, "reason": why}
-                continue
-            report.failed.append({"target": op.target, "error": str(failure)})
-            if not keep_going:
-                _rollback(host, journal, undo)
-                report.rolled_back = True
-                raise ApplyError(
-                    f"{op.tuner} {op.target} failed: {failure}; the {len(undo)} write(s) "
-                    "before it were reverted (use --keep-going to keep them and continue)",
-                    report,
-                ) from failure
+                    self.written(op, *done)
+
+    def batched(self, ops: list[tuple[Change, Op]]) -> None:
+        prepared: list[tuple[Change, Op, str, bool]] = []
+        for ch, op in ops:
+            try:
+                done = _prepare(self.host, self.journal, op, defer=True)
+            except errors.GputunedError as exc:
+                if not self.keep_going:
+                    self.journal.flush()  # harmless records: nothing they protect is written
+                self.fail(ch, op, exc)
+            else:
+                if done is not None:
+                    prepared.append((ch, op, *done))
+        try:
+            self.journal.flush()
+        except errors.GputunedError as exc:
+            for ch, op, _old, _new in prepared:
+                self.fail(ch, op, exc)
+            return
+        for ch, op, old, new_entry in prepared:
+            try:
+                if holds(self.host, op, op.value)[0]:
+                    continue
+                _commit(self.host, self.journal, op, old, new_entry)
+            except errors.GputunedError as exc:
+                self.fail(ch, op, exc)
+            else:
+                self.written(op, old, new_entry)
+
+    def written(self, op: Op, old: str, new_entry: bool) -> None:
+        self.undo.append((op, old, new_entry))
+        self.report.written.append({"target": op.target, "old": old, "new": op.value})
+
+    def fail(self, ch: Change, op: Op, exc: errors.GputunedError) -> None:
+        """Record a failed op. Unless it is skipped (its process is gone), not possible here,
+        or ``keep_going``: undo this call's writes and raise ApplyError."""
+        if isinstance(exc, (errors.TargetGone, Reused)):
+            if op.kind in PROCESS_KINDS:
+                self.report.skipped.append({"target": op.target, "reason": str(exc)})
+                return
+            why = None
+        else:
+            why = _not_possible_reason(op, exc)
+        if why is not None:
+            self.report.not_possible[ch.key] = {"target": ch.target, "reason": why}
+            return
+        self.report.failed.append({"target": op.target, "error": str(exc)})
+        if not self.keep_going:
+            _rollback(self.host, self.journal, self.undo)
+            self.report.rolled_back = True
+            raise ApplyError(
+                f"{op.tuner} {op.target} failed: {exc}; the {len(self.undo)} write(s) "
+                "before it were reverted (use --keep-going to keep them and continue)",
+                self.report,
+            ) from exc
 
 
-def forget_process(host: Host, pid: int) -> int:
+def forget_process(host: Host, pid: int, journal: Journal | None = None) -> int:
     """Drop the journal entries of a process that exited (nothing to restore). Returns count."""
-    journal = Journal(host)
+    journal = journal if journal is not None else Journal(host)
     gone = [
         e.op.key
         for e in journal.entries()
@@ -242,10 +322,10 @@ def forget_process(host: Host, pid: int) -> int:
     return len(gone)
 
 
-def restore_process(host: Host, pid: int) -> RevertReport:
+def restore_process(host: Host, pid: int, journal: Journal | None = None) -> RevertReport:
     """Put one process's journaled values back (``gputunectl unregister``)."""
     report = RevertReport()
-    journal = Journal(host)
+    journal = journal if journal is not None else Journal(host)
     mine = [
         e
         for e in journal.newest_first()
@@ -335,12 +415,14 @@ class RevertReport:
         return {"restored": self.restored, "failed": self.failed, "seconds": round(self.seconds, 4)}
 
 
-def revert_all(host: Host, *, forget_profile: bool = True, lock: bool = True) -> RevertReport:
+def revert_all(
+    host: Host, *, forget_profile: bool = True, lock: bool = True, journal: Journal | None = None
+) -> RevertReport:
     """Restore every journaled value, newest first, trying all even after errors."""
     t0 = time.monotonic()
     report = RevertReport()
     with HostLock(host) if lock else contextlib.nullcontext():
-        journal = Journal(host)
+        journal = journal if journal is not None else Journal(host)
         _restore_entries(
             host, journal, list(journal.newest_first()), report.restored, report.failed
         )

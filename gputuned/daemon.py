@@ -44,8 +44,12 @@ from gputuned.apply import (
 )
 from gputuned.changes import Change, PlanContext
 from gputuned.engine import plan_processes, plan_profile, read_context
-from gputuned.host import Host
+from gputuned.host import (
+    Host,
+    procctl,  # noqa: F401  (loaded now, not at the first placement)
+)
 from gputuned.host.control import ControlServer, PeerCred
+from gputuned.host.httpmetrics import MetricsServer
 from gputuned.host.loop import Loop, now
 from gputuned.host.notify import Notifier, setup_logging, system_stopping, watchdog_interval
 from gputuned.host.procwatch import ProcWatcher, open_watcher
@@ -77,9 +81,12 @@ class Daemon:
         self.watchdog_on = True
         self.loop = Loop()
         self.lock = HostLock(host)
+        self.journal: Journal | None = None  # opened under the lock; the daemon's only copy
         self.watcher: ProcWatcher | None = None
         self.udev: UdevMonitor | None = None
         self.control: ControlServer | None = None
+        self.metrics: MetricsServer | None = None
+        self.last_verify_at: float | None = None
         self._next: dict[str, float] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -95,6 +102,7 @@ class Daemon:
         ):
             self.loop.on_signal(sig, h)
         self.lock.__enter__()
+        self.journal = Journal(self.host)
         self._adopt_or_replay()
         self.profile, self.source = self._load_profile()
         if self.profile is not None:
@@ -105,6 +113,17 @@ class Daemon:
         group = daemon_cfg.control_group if daemon_cfg else None
         self.control = ControlServer(self.host, self._handle, group=group)
         self.loop.add_reader(self.control.fileno(), self._on_control)
+        if daemon_cfg is not None and daemon_cfg.metrics_port is not None:
+            from gputuned.metrics import daemon_metrics
+
+            try:
+                self.metrics = MetricsServer(
+                    lambda: daemon_metrics(self.host, self._status()), port=daemon_cfg.metrics_port
+                )
+            except errors.GputunedError as exc:
+                log.error("daemon: metrics off: %s", exc)
+            else:
+                self.metrics.attach(self.loop)
         self.watcher = open_watcher(self.host, poll_interval=1.0)
         if self.watcher.fileno() >= 0:
             self.loop.add_reader(self.watcher.fileno(), lambda _fd: self._on_proc_events())
@@ -127,6 +146,8 @@ class Daemon:
                 before = set(self.control.client_fds())
                 self.control.expire(time.monotonic())
                 self._sync_control(before)
+            if self.metrics is not None:
+                self.metrics.expire(time.monotonic())
             self._timers()
         return self.stop()
 
@@ -140,11 +161,11 @@ class Daemon:
         if skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
-            rep = revert_all(self.host, forget_profile=False, lock=False)
+            rep = revert_all(self.host, forget_profile=False, lock=False, journal=self.journal)
             log.info("daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed))
             for f in rep.failed:
                 log.error("daemon: revert %s failed: %s", f["target"], f["error"])
-        for closer in (self.control, self.watcher):
+        for closer in (self.control, self.watcher, self.metrics):
             if closer is not None:
                 closer.close()
         self.loop.close()
@@ -154,11 +175,12 @@ class Daemon:
     # -- applying -----------------------------------------------------------------------------
 
     def _adopt_or_replay(self) -> None:
-        journal = Journal(self.host)
+        journal = self.journal
+        assert journal is not None
         if not len(journal):
             return
         if read_active(self.host) is None and self.profile_path is None:
-            rep = revert_all(self.host, lock=False)
+            rep = revert_all(self.host, lock=False, journal=journal)
             log.warning(
                 "daemon: replayed a journal left by an earlier run: %d value(s) restored, %d failed",
                 len(rep.restored),
@@ -193,6 +215,7 @@ class Daemon:
             source=self.source,
             lock=False,
             registered=self.registered,
+            journal=self.journal,
         )
         self.ctx = read_context(self.host, self.profile, registered=self.registered)
         self.settings = [
@@ -234,6 +257,7 @@ class Daemon:
             plan_profile(self.host, self.profile, registered=self.registered), read_state(self.host)
         )
         self.last_verify = rep.to_json()["counts"]
+        self.last_verify_at = time.time()
         failed = self.last_verify["drifted"]
         np = self.last_verify["not possible here"]
         name = self.profile.name
@@ -251,7 +275,8 @@ class Daemon:
         if not settings:
             return
         report = ApplyReport()
-        apply_settings(self.host, Journal(self.host), settings, report, keep_going=True)
+        assert self.journal is not None
+        apply_settings(self.host, self.journal, settings, report, keep_going=True, batch=True)
         for ch in settings:
             self.placed[int(ch.data["pid"])] = int(ch.data["start"])
         if report.written:
@@ -280,8 +305,10 @@ class Daemon:
             if ev.kind in ("exec", "fork") or (ev.kind == "thread" and ev.pid in self.placed):
                 new.append(ev.pid)
             elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
-                n = forget_process(self.host, ev.pid)
+                n = forget_process(self.host, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
+                assert self.journal is not None
+                self.journal.compact_if_grown()
         if new:
             self._place(sorted(set(new)), "new process or thread")
 
@@ -390,7 +417,7 @@ class Daemon:
             self.notify.send(f"STATUS={self.status}")
             return {"profile": profile.name, **report.to_json()}
         if cmd == "revert":
-            rep = revert_all(self.host, lock=False)
+            rep = revert_all(self.host, lock=False, journal=self.journal)
             self.profile, self.ctx, self.placed, self.registered = None, None, {}, {}
             self.status = "idle: reverted (gputunectl apply PROFILE)"
             self._schedule()
@@ -413,7 +440,7 @@ class Daemon:
         if cmd == "unregister":
             self.registered.pop(pid, None)
             self.placed.pop(pid, None)
-            return restore_process(self.host, pid).to_json()
+            return restore_process(self.host, pid, self.journal).to_json()
         if self.profile is None or not self.profile.process:
             raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
         names = [r.name for r in self.profile.process]
@@ -435,11 +462,12 @@ class Daemon:
             "active_profile": self.profile.name if self.profile else None,
             "source": self.source or None,
             "applied_at": state.get("applied_at"),
-            "journal_entries": len(Journal(self.host)),
+            "journal_entries": len(self.journal) if self.journal is not None else 0,
             "not_possible": state.get("not_possible", {}),
             "placed": sorted(self.placed),
             "registered": {str(k): v for k, v in self.registered.items()},
             "verify": self.last_verify,
+            "verified_at": self.last_verify_at,
         }  # fmt: skip
 
 

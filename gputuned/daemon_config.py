@@ -9,7 +9,7 @@ stops.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 class Config(BaseModel):
@@ -36,4 +36,10 @@ class Config(BaseModel):
     control_group: StrictStr | None = Field(
         default=None,
         description="Group whose members may use the control socket besides root (mode 0660); unset: root only (0600).",
+    )
+    metrics_port: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics: the verify counts, the daemon's counters and, per placed process, run-queue delay, context switches, IRQs on its CPUs and GPU load. Unset: off. Read when the daemon starts.",
     )

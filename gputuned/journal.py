@@ -50,6 +50,8 @@ class Journal:
     def __init__(self, host: Host) -> None:
         self.host = host
         self._entries: dict[str, Entry] = {}
+        self._pending: list[tuple[str, bytes]] = []  # deferred saves: (key, line)
+        self.lines = 0  # lines in the file: compact when far more than the live entries
         self._load()
 
     def _load(self) -> None:
@@ -57,6 +59,7 @@ class Journal:
         if raw is None:
             return
         lines = raw.split(b"\n")
+        self.lines = sum(1 for line in lines if line.strip())
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -96,15 +99,37 @@ class Journal:
     def get(self, key: str) -> Entry | None:
         return self._entries.get(key)
 
-    def save(self, op: Op, old: str) -> bool:
-        """Record ``old`` for ``op`` durably, unless the key is already journaled. True if new."""
+    def save(self, op: Op, old: str, *, defer: bool = False) -> bool:
+        """Record ``old`` for ``op`` durably, unless the key is already journaled. True if new.
+
+        ``defer=True`` holds the record until :meth:`flush`, which appends every deferred
+        record with one fsync: the caller must not write the setting before that.
+        """
         if op.key in self._entries:
             return False
         entry = Entry(op, old)
-        line = json.dumps({"v": VERSION, "op": "save", "entry": entry.to_json()}) + "\n"
-        append_durable(self.host, JOURNAL, line.encode())
+        line = (json.dumps({"v": VERSION, "op": "save", "entry": entry.to_json()}) + "\n").encode()
+        if defer:
+            self._pending.append((op.key, line))
+        else:
+            append_durable(self.host, JOURNAL, line)
+            self.lines += 1
         self._entries[op.key] = entry
         return True
+
+    def flush(self) -> None:
+        """Make the deferred saves durable: one append, one fsync. On failure they are
+        forgotten again (nothing they protect may be written) and the error raised."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        try:
+            append_durable(self.host, JOURNAL, b"".join(line for _, line in pending))
+        except BaseException:
+            for key, _ in pending:
+                self._entries.pop(key, None)
+            raise
+        self.lines += len(pending)
 
     def drop(self, key: str) -> None:
         if key not in self._entries:
@@ -115,16 +140,29 @@ class Journal:
         # /run would otherwise leave the host half applied).
         try:
             append_durable(self.host, JOURNAL, line.encode(), sync=False)
+            self.lines += 1
         except errors.HostError as exc:
             log.warning("journal: could not record that %s is restored: %s", key, exc)
         del self._entries[key]
 
+    def compact_if_grown(self, slack: int = 256) -> bool:
+        """Compact when the file holds ``slack`` more lines than twice the live entries: a
+        daemon placing short-lived processes appends a save and a drop for each, forever."""
+        if self._pending or self.lines <= 2 * len(self._entries) + slack:
+            return False
+        self.compact()
+        return True
+
     def compact(self) -> None:
         """Rewrite the file with only live entries (atomically), or remove it when empty."""
+        if self._pending:
+            raise errors.GputunedError("journal: compact with unflushed records (a bug)")
         if not self._entries:
             remove(self.host, JOURNAL)
+            self.lines = 0
             return
         lines = [
             json.dumps({"v": VERSION, "op": "save", "entry": e.to_json()}) for e in self.entries()
         ]
         replace_durable(self.host, JOURNAL, ("\n".join(lines) + "\n").encode())
+        self.lines = len(lines)

@@ -248,3 +248,169 @@ def test_drift_is_repaired_and_counted(tmp_path: Path, events: Events) -> None:
     assert d.counters["repairs"] == 1
     assert ("notify", f"STATUS={d.status}") in events
     d.stop()
+
+
+def test_metrics_port_serves_the_daemon_figures(tmp_path: Path, events: Events) -> None:
+    """``[daemon] metrics_port`` starts the HTTP exposition inside the daemon's own loop."""
+    import socket
+    import threading
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = tree_copy("h200-captured", tmp_path)
+    prof = profile_file(tmp_path)
+    prof.write_text(prof.read_text() + f"\n[daemon]\nmetrics_port = {port}\n")
+    d = Daemon(Host(root), profile_path=prof)
+    d.start()
+    assert d.metrics is not None
+    got: list[bytes] = []
+
+    def fetch() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            while chunk := s.recv(65536):
+                got.append(chunk)
+
+    th = threading.Thread(target=fetch)
+    th.start()
+    deadline = time.monotonic() + 10
+    while th.is_alive() and time.monotonic() < deadline:
+        d.loop.run_once(0.05)
+    th.join(1)
+    body = b"".join(got).decode()
+    assert body.startswith("HTTP/1.1 200"), body[:200]
+    assert 'gputuned_info{version="' in body and 'profile="shared-host"' in body
+    assert "gputuned_verify_exit_code" in body
+    d.stop()
+    with pytest.raises(OSError):  # the port is closed with the daemon
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_metrics_port_off_by_default(tmp_path: Path, events: Events) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    assert d.metrics is None
+    d.stop()
+
+
+def _server(root: Path, pid: int, threads: list[int]) -> None:
+    add_process(
+        root,
+        pid,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.api"],
+        exe="/usr/bin/python3.11",
+        start_time=777,
+        threads=threads,
+        cpus="0-15",
+    )
+
+
+def test_a_placement_journals_with_one_fsync(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every original of a placement is journaled before its write, in one append and fsync."""
+    import gputuned.host.state as state
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    appends: list[bytes] = []
+    real_append = state.append_durable
+
+    def append(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+        if sync:
+            # Nothing of the process may have been written yet when its originals are synced.
+            assert not [w for k, w in events if k == "write" and "/proc/6000" in w]
+            appends.append(line)
+        real_append(host, hpath, line, sync=sync)
+
+    monkeypatch.setattr("gputuned.journal.append_durable", append)
+    _server(root, 6000, [6001, 6002, 6003])
+    time.sleep(d.watcher.timeout if d.watcher else 0)
+    d._on_proc_events()
+    assert 6000 in d.placed
+    assert len(appends) == 1, "one durable append for the whole placement"
+    saved = [json.loads(line)["entry"]["target"] for line in appends[0].splitlines()]
+    assert len(saved) >= 4 * 2, saved  # nice and CPUs of each of the 4 threads, at least
+    for tid in (6000, 6001, 6002, 6003):
+        stat = (root / f"proc/6000/task/{tid}/stat").read_text()
+        assert stat.rpartition(")")[2].split()[19 - 3] == "-10", tid
+    # The journal in memory is the one on disk.
+    from gputuned.journal import Journal
+
+    assert d.journal is not None
+    assert [e.op.key for e in Journal(Host(root)).entries()] == [
+        e.op.key for e in d.journal.entries()
+    ]
+    d.stop()
+    for tid in (6000, 6001, 6002, 6003):
+        stat = (root / f"proc/6000/task/{tid}/stat").read_text()
+        assert stat.rpartition(")")[2].split()[19 - 3] == "0", tid
+
+
+def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, events: Events) -> None:
+    """Killed after the batch is durable and before any write: the revert finds every value
+    still the original and the host ends as before."""
+    from gputuned.apply import ApplyReport, apply_settings, revert_all
+    from gputuned.engine import read_context
+    from gputuned.journal import Journal
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    host = Host(root)
+    _server(root, 6000, [6001])
+    before = digest(root)
+    prof = load_profile(profile_file(tmp_path))
+    ctx = read_context(host, prof)
+    from gputuned.engine import plan_processes
+
+    settings = plan_processes(ctx, [6000])
+    assert settings
+    journal = Journal(host)
+
+    class Killed(BaseException):
+        pass
+
+    def crash(_self: Host, _rec: WriteRecord) -> None:
+        raise Killed
+
+    real_wrote = Host._wrote
+    Host._wrote = crash  # type: ignore[method-assign]
+    try:
+        with pytest.raises(Killed):
+            apply_settings(host, journal, settings, ApplyReport(), keep_going=True, batch=True)
+    finally:
+        Host._wrote = real_wrote  # type: ignore[method-assign]
+    assert len(Journal(host)) >= 2, "the originals were durable before the first write"
+    rep = revert_all(host)
+    assert rep.failed == []
+    assert digest(root) == before
+
+
+def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
+    tmp_path: Path, events: Events
+) -> None:
+    from gputuned.host.procwatch import ProcEvent
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    assert d.journal is not None and d.watcher is not None
+    journal_file = root / JOURNAL.lstrip("/")
+    sizes = []
+    for n in range(60):
+        pid = 7000 + n
+        _server(root, pid, [])
+        d._place([pid], "test")
+        assert pid in d.placed
+        shutil.rmtree(root / f"proc/{pid}")
+        d.watcher.read = lambda pid=pid: [ProcEvent("exit", pid, pid)]  # type: ignore[method-assign]
+        d._on_proc_events()
+        assert pid not in d.placed
+        sizes.append(journal_file.stat().st_size)
+    live = len(d.journal)
+    assert d.journal.lines <= 2 * live + 256 + 8, "compacted when it grew"
+    assert max(sizes) > sizes[-1], "the file shrank at least once"
+    d.stop()
