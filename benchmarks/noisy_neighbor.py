@@ -53,6 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 # same through PYTHONPATH); reaction.py imports this module first for the same reason.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# Host time per token in the worker: from the start of the token to the sync (launching the
+# GPU's kernels, the CPU-bound part); the whole token for the CPU stand-in.
+_HOST_S: list[float] = []
 NOISE_PARTS = {"cpu": ("cpu",), "net": ("net",), "disk": ("disk",), "heavy": ("cpu", "net", "disk")}
 GOAL_TOK, GOAL_P99 = 0.97, 1.10
 #: Tokens decoded per sequence (after a 32-token prompt) by the GPU worker.
@@ -213,7 +216,9 @@ def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
         while True:
             t = time.perf_counter()
             work(n)
-            yield time.perf_counter() - t
+            took = time.perf_counter() - t
+            _HOST_S.append(took)
+            yield took
 
     info = {
         "worker": "cpu-standin",
@@ -293,6 +298,7 @@ def _gpu_tokens() -> tuple[Iterator[float], dict[str, Any]]:
                 else:
                     ctx = torch.cat([ctx, nxt], 1)[:, -64:]
                     nxt = model(ctx)[:, -1:].argmax(-1)
+                _HOST_S.append(time.perf_counter() - t)
                 nxt.item()  # the host sync a streaming server makes to send each token
                 yield time.perf_counter() - t
 
@@ -353,14 +359,14 @@ def role_worker(kind: str, token_ms: float) -> None:
         if req["cmd"] == "quit":
             return
         _run_for(tokens, float(req["warmup"]))
+        _HOST_S.clear()
         s0, t0 = _self_counters(), time.perf_counter()
         lat = _run_for(tokens, float(req["seconds"]))
         elapsed = time.perf_counter() - t0
         d = _counter_deltas(s0, _self_counters())
-        proto.write(
-            json.dumps({"lat_ms": [round(x * 1e3, 4) for x in lat], "elapsed_s": elapsed, **d})
-            + "\n"
-        )
+        host_ms = statistics.fmean(_HOST_S) * 1e3 if _HOST_S else float("nan")
+        out = {"lat_ms": [round(x * 1e3, 4) for x in lat], "elapsed_s": elapsed, **d}
+        proto.write(json.dumps({**out, "host_ms": host_ms}) + "\n")
 
 
 def _run_for(tokens: Iterator[float], seconds: float) -> list[float]:
@@ -585,6 +591,7 @@ def window_figures(res: dict[str, Any]) -> dict[str, Any]:
         "p99_ms": percentile(lat, 99),
         "runq_ms_per_token": res["wait_ns"] / 1e6 / n,
         "cpu_ms_per_token": res["run_ns"] / 1e6 / n,
+        "host_ms_per_token": res.get("host_ms", float("nan")),
         "invol_cs_per_1k": res["invol"] * 1000 / n,
         "vol_cs_per_1k": res["vol"] * 1000 / n,
     }
@@ -799,15 +806,26 @@ class Block:
         return self.windows
 
     def measure(self, cond: str, **extra: Any) -> None:
+        cpus = _allowed_cpus(self.worker.pid)
+        s0, t0 = steal_ticks(), time.monotonic()
         res = self.worker.window(self.args.window, self.args.warmup)
+        s1, secs = steal_ticks(), time.monotonic() - t0
         w = {"round": self.rnd, "noise": self.noise_kind, "condition": cond}
         w.update(window_figures(res), **extra)
+        # Time the hypervisor ran something else on this VM's CPUs (/proc/stat "steal"), in ms
+        # per second per CPU: on the worker's CPUs, and on all.
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        per = {c: (s1.get(c, 0) - s0.get(c, 0)) * tick_ms / secs for c in s1}
+        mine = [per[c] for c in cpus if c in per]
+        w["steal_ms_per_s_worker_cpus"] = statistics.fmean(mine) if mine else float("nan")
+        w["steal_ms_per_s_all_cpus"] = statistics.fmean(per.values()) if per else float("nan")
         w["_lat"] = res["lat_ms"]  # for the pooled percentiles; in the JSON with --keep-latencies
         self.windows.append(w)
         print(
             f"  round {self.rnd} {self.noise_kind:5} {cond:22} {w['tok_s']:8.1f} tok/s  p50 "
             f"{w['p50_ms']:7.3f} p99 {w['p99_ms']:7.3f} ms  runq {w['runq_ms_per_token']:.3f} "
-            "ms/tok",
+            f"host {w['host_ms_per_token']:.3f} ms/tok  steal {w['steal_ms_per_s_worker_cpus']:.1f}"
+            f"/{w['steal_ms_per_s_all_cpus']:.1f} ms/s",
             flush=True,
         )
 
@@ -838,6 +856,30 @@ class Block:
         if diff:
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
             print(f"  WARNING: not as before the daemon: {'; '.join(diff[:3])}{more}")
+
+
+def steal_ticks() -> dict[int, int]:
+    """Per CPU, the "steal" column of /proc/stat (clock ticks)."""
+    out = {}
+    with Path("/proc/stat").open() as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                parts = line.split()
+                out[int(parts[0][3:])] = int(parts[8]) if len(parts) > 8 else 0
+    return out
+
+
+def _allowed_cpus(pid: int) -> list[int]:
+    from gputuned.cpulist import parse_cpulist
+
+    try:
+        with Path(f"/proc/{pid}/status").open() as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    return sorted(parse_cpulist(line.split(":", 1)[1].strip()))
+    except OSError:
+        pass
+    return []
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
