@@ -114,8 +114,10 @@ class Variants:
             Path(f"/sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us") for c in cpus
         ]
         old = {f: f.read_text().strip() for f in files if f.exists()}
-        if not old:
-            print("  (no pm_qos_resume_latency_us here: partition+poll not measured)")
+        driver = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+        if not old or not driver.exists() or driver.read_text().strip() == "none":
+            # Without a cpuidle driver the idle loop always halts; the limit changes nothing.
+            print("  (no cpuidle driver or PM QoS file here: partition+poll not measured)")
             return
         try:
             for f in old:

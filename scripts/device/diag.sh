@@ -33,6 +33,7 @@ PY
   uptime; nproc; nvidia-smi --query-gpu=name,utilization.gpu --format=csv,noheader
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
+timeout 60 python3 benchmarks/cpu_pairs.py --cpu 1 --seconds 0.7 --json "$out/cpu_pairs.json"
 timeout 360 python3 benchmarks/placement_variants.py --out "$out/pv" --noise "$noise" --rounds "$rounds" --window 6
 echo "placement_variants exit $?"
 timeout 170 python3 benchmarks/reaction.py --json "$out/reaction.json"
