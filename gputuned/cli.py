@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputuned import __version__, errors
 from gputuned.host import Host
-from gputuned.host.state import ACTIVE, GRUB_DROPIN
+from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
 from gputuned.render import (
     console,
     render_apply,
@@ -149,6 +149,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         else:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
+    # State files others could write are refused now, before plan and the first write, not
+    # when apply records its result after every write is done.
+    check_state_files(host)
     try:
         plan, report = apply_profile(
             host, profile, keep_going=args.keep_going, source=str(args.profile.absolute())

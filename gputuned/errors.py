@@ -16,12 +16,16 @@ class GputunedError(Exception):
 
 
 class HostError(GputunedError):
-    """A read or write of the machine failed. ``path`` names the file, ``errno`` the cause."""
+    """A read or write of the machine failed. ``path`` names the file, ``errno`` the cause,
+    ``op`` what was done ("read", "write", "mkdir", ...; empty where it does not apply)."""
 
-    def __init__(self, message: str, *, path: str = "", errno: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str = "", errno: int | None = None, op: str = ""
+    ) -> None:
         super().__init__(message)
         self.path = path
         self.errno = errno
+        self.op = op
 
 
 class NotSupported(HostError):
@@ -45,7 +49,8 @@ class Busy(HostError):
 
 
 class NoSpace(HostError):
-    """A filesystem gputuned writes to is full (ENOSPC)."""
+    """ENOSPC: a filesystem gputuned writes to is full, or (an IRQ's affinity) no interrupt
+    vector is free on the CPUs asked for."""
 
 
 class PathEscape(GputunedError):

@@ -248,9 +248,30 @@ def key_path(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            name = part if _BARE_KEY.fullmatch(part) else '"' + part.replace('"', '\\"') + '"'
+            name = part if _BARE_KEY.fullmatch(part) else _basic_string(part)
             out += f".{name}" if out else name
     return out
+
+
+#: TOML's short escapes (toml.io, "String"); other control characters are written \uXXXX.
+_TOML_ESCAPES = {
+    "\\": "\\\\",
+    '"': '\\"',
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
+
+
+def _basic_string(text: str) -> str:
+    """``text`` as a TOML basic string, so that a quoted key reads back as the same key."""
+    body = "".join(
+        _TOML_ESCAPES.get(ch) or (f"\\u{ord(ch):04X}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
+        for ch in text
+    )
+    return f'"{body}"'
 
 
 def _problems_from(exc: ValidationError) -> Problems:

@@ -401,6 +401,7 @@ def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
             ),
             path=hpath,
             errno=code,
+            op=op,
         )
     if code in (E.EPERM, E.EACCES, E.EROFS):
         hint = reason or (
@@ -409,7 +410,7 @@ def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
             else "the kernel refused it; see the reason gputuned reports for this setting"
         )
         return errors.PermissionDenied(
-            f"{what}: permission denied ({name}); {hint}", path=hpath, errno=code
+            f"{what}: permission denied ({name}); {hint}", path=hpath, errno=code, op=op
         )
     if code in (E.EINVAL, E.ERANGE, E.EOVERFLOW):
         return errors.InvalidValue(
@@ -417,22 +418,35 @@ def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
             + (reason or "check the profile's value"),
             path=hpath,
             errno=code,
+            op=op,
         )
     if code in (E.EOPNOTSUPP, E.ENOSYS, E.ENOTTY):
         tail = f"; {reason}" if reason else ""
         return errors.NotSupported(
-            f"{what}: not supported here ({name}){tail}", path=hpath, errno=code
+            f"{what}: not supported here ({name}){tail}", path=hpath, errno=code, op=op
         )
     if code == E.EBUSY:
         return errors.Busy(
             f"{what}: busy ({name}); {reason or 'retry when the device is idle'}",
             path=hpath,
             errno=code,
+            op=op,
         )
     if code in (E.ENOSPC, E.EDQUOT):
+        # An IRQ affinity write gets ENOSPC when no interrupt vector is free on the target
+        # CPUs (arch/x86/kernel/apic/vector.c: irq_matrix_alloc()): not a full file system.
+        hint = (
+            "no free interrupt vector on the target CPUs; give this IRQ more CPUs, or move "
+            "other IRQs off them"
+            if hpath.startswith("/proc/irq/")
+            else "free space on that filesystem"
+        )
         return errors.NoSpace(
-            f"{what}: no space left ({name}); {reason or 'free space on that filesystem'}",
+            f"{what}: no space left ({name}); {reason or hint}",
             path=hpath,
             errno=code,
+            op=op,
         )
-    return errors.HostError(f"{what}: {exc.strerror or exc} ({name})", path=hpath, errno=code)
+    return errors.HostError(
+        f"{what}: {exc.strerror or exc} ({name})", path=hpath, errno=code, op=op
+    )

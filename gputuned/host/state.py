@@ -52,6 +52,17 @@ def check_private(host: Host, hpath: str) -> None:
         )
 
 
+def check_state_files(host: Host) -> None:
+    """Refuse, before anything is planned or written, state files others could have written.
+
+    apply appends to the journal before every write and records state.json and active.json
+    after the last; a file found untrusted only then would fail an apply that has already
+    tuned the host.
+    """
+    for hpath in (JOURNAL, STATE, ACTIVE):
+        check_private(host, hpath)
+
+
 def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
     """Append one line and fsync it (and the directory when the file is new).
 

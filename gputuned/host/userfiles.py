@@ -8,28 +8,64 @@ profile layer, which never touches the machine itself.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from gputuned.errors import ProfileError
+
+#: Profiles are a few KiB; anything near this is not one (a log, /proc/kcore).
+MAX_USER_FILE = 1 << 20
 
 
 def read_user_file(path: str | Path) -> bytes:
     """Return the bytes of ``path``; a failure becomes a :class:`ProfileError` naming it.
 
-    Run as root, a file that another user could have written is refused (see
-    :func:`untrusted_reason`): whoever can change a profile decides what gputuned writes.
+    Only a regular file of at most :data:`MAX_USER_FILE` bytes is read. The daemon reads the
+    path a control client names, as root: a FIFO, a device or /dev/zero would block it or feed
+    it without end. Run as root, a file that another user could have written is refused too
+    (see :func:`untrusted_reason`): whoever can change a profile decides what gputuned writes.
     """
     try:
-        with Path(path).open("rb") as f:
-            why = untrusted_reason(os.fstat(f.fileno()))  # the file read, not a path re-checked
-            if why is None:
-                return f.read()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
+        # Looked at before it is opened: opening a device or FIFO can block or act.
+        not_regular = _not_regular(os.stat(path))
+        if not_regular is None:
+            # O_NONBLOCK: should it have become a FIFO since, the open does not wait for a
+            # writer; the descriptor is checked again.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())  # the file read, not a path re-checked
+                not_regular = _not_regular(st)
+                why = None if not_regular else untrusted_reason(st)
+                if not_regular is None and why is None:
+                    data = f.read(MAX_USER_FILE + 1)
+                    if len(data) <= MAX_USER_FILE:
+                        return data
+                    why = f"larger than {MAX_USER_FILE >> 20} MiB; a profile is a few KiB"
+                    raise ProfileError(str(path), [("", f"refused: {why}; check the path")])
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        reason = getattr(exc, "strerror", None) or str(exc)
         raise ProfileError(str(path), [("", f"cannot read: {reason}; check the path")]) from exc
+    if not_regular is not None:
+        msg = f"refused: not a regular file ({not_regular}); name a profile file"
+        raise ProfileError(str(path), [("", msg)])
     fix = f"chown root {path} && chmod go-w {path}"
     msg = f"refused: {why}; gputuned runs as root and would apply what another user wrote: {fix}"
     raise ProfileError(str(path), [("", msg)])
+
+
+def _not_regular(st: os.stat_result) -> str | None:
+    """What the file is when it is not a regular file (links are followed before)."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 def untrusted_reason(st: os.stat_result) -> str | None:

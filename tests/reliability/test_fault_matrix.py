@@ -324,7 +324,7 @@ CASES: tuple[Case, ...] = (
          on_path(is_gpu_irq, "drop", 0)),
     Case("irq", "EINVAL on default_smp_affinity", "h200-captured", "reverted",
          on_path(lambda op: op.path.endswith("default_smp_affinity"), "write", E.EINVAL)),
-    Case("irq", "EIO reading affinity", "h200-captured", "applied",
+    Case("irq", "EIO reading affinity", "h200-captured", "reverted",
          on_path(is_gpu_irq, "read", E.EIO)),
     # processes
     Case("process", "process exits mid-placement", "h200-captured", "applied", process_exits),

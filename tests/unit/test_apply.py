@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gputuned import apply as apply_mod
 from gputuned import errors
 from gputuned.actions import expand
 from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
@@ -247,6 +248,44 @@ def test_unmovable_irq_on_live_style_eio_is_not_possible(tmp_path: Path) -> None
     rep = verify_plan(plan_profile(Host(root), full_profile()), read_state(Host(root)))
     line = next(ln for ln in rep.lines if ln.target.startswith("irq 121"))
     assert line.status == "not possible here" and rep.exit_code == 0
+
+
+def test_read_error_on_irq_affinity_is_a_failure_not_an_unmovable_irq(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a refused write means "unmovable"; the kernel gives no read error for it."""
+    root = tree_copy("dual-socket-8gpu", tmp_path)
+    before = digest(root)
+    host = Host(root)
+    real = apply_mod.plan_profile  # type: ignore[attr-defined]
+
+    def plan_then_fault(h: Host, profile: Profile, **kw: Any) -> Any:
+        plan = real(h, profile, **kw)
+        h.inject("/proc/irq/121/smp_affinity_list", "read", errno.EIO)  # after plan read it
+        return plan
+
+    monkeypatch.setattr(apply_mod, "plan_profile", plan_then_fault)
+    with pytest.raises(ApplyError) as info:
+        apply_profile(host, full_profile())
+    msg = str(info.value)
+    assert "read /proc/irq/121/smp_affinity_list: Input/output error (EIO)" in msg, msg
+    assert "kernel-managed" not in msg and info.value.report.not_possible == {}
+    assert digest(root) == before
+
+
+def test_enospc_on_irq_affinity_names_interrupt_vectors(tmp_path: Path) -> None:
+    root = tree_copy("dual-socket-8gpu", tmp_path)
+    host = Host(root)
+    host.inject("/proc/irq/150/smp_affinity_list", "write", errno.ENOSPC)
+    with pytest.raises(ApplyError) as info:
+        apply_profile(host, full_profile())
+    msg = str(info.value)
+    assert "no space left (ENOSPC); no free interrupt vector on the target CPUs" in msg, msg
+    assert "filesystem" not in msg
+    other = Host(root)
+    other.inject("/sys/fs/cgroup/x", "mkdir", errno.ENOSPC)
+    with pytest.raises(errors.NoSpace, match="free space on that filesystem"):
+        other.mkdir("/sys/fs/cgroup/x")
 
 
 def test_second_apply_is_refused_while_one_runs(tmp_path: Path) -> None:

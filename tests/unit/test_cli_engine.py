@@ -78,3 +78,21 @@ def test_cli_apply_failure_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert rc == 3
     assert "gputunectl apply:" in err and "cgroup gputuned.inference" in err
     assert digest(root) == before
+
+
+@pytest.mark.parametrize("which", ["run/gputuned/state.json", "etc/gputuned/active.json"])
+def test_cli_apply_refuses_untrusted_state_files_before_any_write(
+    which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, apply made every write and only failed when recording state.json/active.json."""
+    root = tree_copy("h200-captured", tmp_path)
+    f = root / which
+    f.parent.mkdir(parents=True, mode=0o700)
+    f.write_text("{}")
+    f.chmod(0o666)
+    before = digest(root)
+    rc, _out, err = run(capsys, "apply", str(PROFILES / "shared-host.toml"), "--root", str(root))
+    assert rc == 3
+    assert f"/{which} is a link, or writable by others" in " ".join(err.split())
+    assert digest(root) == before
+    assert not (root / "run/gputuned/journal.jsonl").exists()

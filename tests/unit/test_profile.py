@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from gputuned.errors import PlanError, ProfileError
-from gputuned.host.userfiles import read_user_file
+from gputuned.host.userfiles import MAX_USER_FILE, read_user_file
 from gputuned.profile import (
     Profile,
     ResolvedCpus,
@@ -543,6 +545,13 @@ def test_key_path_quotes_keys_that_are_not_bare() -> None:
     assert key_path(("bootargs", "extra", 0)) == "bootargs.extra[0]"
 
 
+@pytest.mark.parametrize("name", ["a\\b", 'say "hi"', "\\", "tab\there", "bell\x07", "del\x7f"])
+def test_key_path_quoted_part_reads_back_as_the_same_key(name: str) -> None:
+    path = key_path(("cpusets", name, "cpus"))
+    assert tomllib.loads(f"{path} = 1") == {"cpusets": {name: {"cpus": 1}}}, path
+    assert key_path(("cpusets", "a\\b")) == 'cpusets."a\\\\b"'
+
+
 def test_profiles_are_frozen(tmp_path: Path) -> None:
     profile = load(tmp_path, SETS)
     with pytest.raises(ValueError, match="frozen"):
@@ -577,8 +586,34 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
 def test_read_user_file_translates_os_errors(tmp_path: Path) -> None:
     assert read_user_file(write(tmp_path, "x = 1\n", "f.toml")) == b"x = 1\n"
     with pytest.raises(ProfileError) as info:
-        read_user_file(tmp_path)
-    assert info.value.problems == [("", "cannot read: Is a directory; check the path")]
+        read_user_file(tmp_path / "missing.toml")
+    assert info.value.problems == [("", "cannot read: No such file or directory; check the path")]
+
+
+def test_read_user_file_reads_regular_files_only(tmp_path: Path) -> None:
+    """The daemon reads what a control client names, as root: nothing but a regular file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # would block an open() for reading until a writer came
+    link = tmp_path / "link.toml"
+    link.symlink_to(write(tmp_path, "x = 1\n", "f.toml"))
+    assert read_user_file(link) == b"x = 1\n"  # a link to a regular file is that file
+    for path, kind in (
+        (tmp_path, "a directory"),
+        (fifo, "a FIFO"),
+        (Path("/dev/null"), "a character device"),
+    ):
+        with pytest.raises(ProfileError) as info:
+            read_user_file(path)
+        want = f"refused: not a regular file ({kind}); name a profile file"
+        assert info.value.problems == [("", want)], path
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (MAX_USER_FILE + 1))
+    with pytest.raises(ProfileError, match="larger than 1 MiB"):
+        read_user_file(big)
+    big.write_bytes(b"#" * MAX_USER_FILE)
+    assert len(read_user_file(big)) == MAX_USER_FILE
+    with pytest.raises(ProfileError, match="embedded null byte"):
+        read_user_file(f"{tmp_path}/a\0b.toml")  # a NUL in a path: ValueError before
 
 
 # -- includes ------------------------------------------------------------------------------------
