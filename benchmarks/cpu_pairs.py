@@ -4,7 +4,7 @@
 A virtual machine's CPU list may not say which of its CPUs are hyperthreads of one physical
 core (this host's topology files say one thread per core). This probe measures it: a
 pure-Python loop on CPU ``--cpu`` counts iterations for ``--seconds``, first alone, then with
-one busy loop on each other CPU in turn, then with busy loops on all other CPUs. A CPU whose
+one busy loop on each other CPU in turn, then with busy loops on more and more of them (alone again between each). A CPU whose
 busy loop costs the probe far more than the others is likely its SMT sibling; a loss with all
 of them busy and none alone is a shared clock or cache.
 
@@ -62,18 +62,33 @@ def main() -> int:
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     others = [c for c in cpus if c != args.cpu]
-    alone = statistics_mean([measure(args.cpu, [], args.seconds) for _ in range(2)])
-    per = {c: measure(args.cpu, [c], args.seconds) / alone for c in others}
-    everything = measure(args.cpu, others, args.seconds) / alone
-    again = measure(args.cpu, [], args.seconds) / alone
-    print(f"CPU {args.cpu} alone: {alone:,.0f} loops/s (again at the end: {again:.3f}x)")
+    count(args.cpu, 1.0)  # warm up: the first second ran slower on the H200 host
+    # Alone between every other measurement, each ratio against the mean of its neighbours:
+    # the host's own speed drifts.
+    alone = [measure(args.cpu, [], args.seconds)]
+    per: dict[int, float] = {}
+    for c in others:
+        x = measure(args.cpu, [c], args.seconds)
+        alone.append(measure(args.cpu, [], args.seconds))
+        per[c] = x / statistics_mean(alone[-2:])
+    # Busy CPUs counted from the far end of the list: 1, 3, 7, 11, ... others.
+    by_count: dict[int, float] = {}
+    for n in sorted({1, 3, 7, 11, len(others)} & set(range(1, len(others) + 1))):
+        x = measure(args.cpu, others[-n:], args.seconds)
+        alone.append(measure(args.cpu, [], args.seconds))
+        by_count[n] = x / statistics_mean(alone[-2:])
+    print(
+        f"CPU {args.cpu} alone: {statistics_mean(alone):,.0f} loops/s "
+        f"(min {min(alone):,.0f}, max {max(alone):,.0f} over {len(alone)} measurements)"
+    )
     for c, x in per.items():
         print(f"  with CPU {c:2} busy: {x:.3f}x")
-    print(f"  with all {len(others)} other CPUs busy: {everything:.3f}x")
+    for n, x in by_count.items():
+        print(f"  with {n:2} CPUs busy ({others[-n]}-{others[-1]}): {x:.3f}x")
     if args.json:
         with open(args.json, "w") as f:  # noqa: PTH123
-            json.dump({"cpu": args.cpu, "alone": alone, "again_x": again, "one_busy_x": per,
-                       "all_busy_x": everything}, f, indent=1)  # fmt: skip
+            json.dump({"cpu": args.cpu, "alone": alone, "one_busy_x": per,
+                       "n_busy_x": by_count}, f, indent=1)  # fmt: skip
     return 0
 
 

@@ -8,18 +8,21 @@ run, with the same worker, noise and figures (imported from noisy_neighbor.py):
     clean             nothing running beside the worker
     noisy             noise on, nothing done
     nice              every worker thread at nice -10, no CPU placement (set here, then undone)
-    partition         `gputunectl apply` of the profile (partition, nice, IRQs), worker placed
-    partition+poll    ... and the partition's CPUs limited to polling idle (their
+    <profile stem>    `gputunectl apply` of each --profile (its partition, nice, IRQs), the
+                      worker matched by a copy of the profile's first rule; reverted after
+    <stem>+poll       (--halt-test) ... and the profile's CPUs limited to polling idle (their
                       power/pm_qos_resume_latency_us = "n/a": no halt, so no exit to the
-                      hypervisor while idle; restored after the window)
-    partition+keep    ... and, instead, a SCHED_IDLE busy loop on each partition CPU, which any
-                      other thread preempts at once: another way to keep a virtual CPU from halting
-    clean-again       noise off, `gputunectl revert` done
+                      hypervisor while idle); only where a cpuidle driver is loaded
+    <stem>+keep       (--halt-test) ... and, instead, a SCHED_IDLE busy loop on each of the
+                      worker's CPUs, which any other thread preempts at once: another way to keep
+                      a virtual CPU from halting
+    clean-again       noise off, everything reverted
 
 Per window, besides noisy_neighbor's figures: host ms per token (the CPU-bound launch part)
 and steal time on the worker's CPUs. Root only; everything set here is put back, and checked.
 
-    python3 benchmarks/placement_variants.py --out DIR [--noise heavy,cpu] [--rounds 2]
+    python3 benchmarks/placement_variants.py --out DIR [--noise heavy,cpu] [--rounds 2] \
+        [--profile P ...] [--halt-test]
 """
 
 from __future__ import annotations
@@ -68,26 +71,35 @@ class Variants:
         self.args, self.worker, self.children = args, worker, children
         self.ctx = {"args": args, "worker": worker}
         work = Path(tempfile.mkdtemp(prefix="variants-"))
-        self.profile = nn.isolated_profile(Path(args.profile), work, cmdline=WORKER_RE)
+        self.profiles = [
+            nn.isolated_profile(Path(p), work, cmdline=WORKER_RE) for p in args.profile
+        ]
+        # isolated_profile names its output after the input: keep the names apart.
+        assert len({p.name for p in self.profiles}) == len(self.profiles), "profile names repeat"
+
+    def n_windows(self) -> int:
+        return 3 + len(self.profiles) * (2 if self.args.halt_test else 1)
 
     def block(self, kind: str, rnd: int, counts: dict[str, int], disk_dir: str) -> list[Any]:
         b = nn.Block(self.ctx, kind, rnd)
         settle = self.args.settle
         b.measure("clean")
         noise = nn.Noise(self.children, kind, counts, disk_dir)
-        noise.start(7 * (self.args.window + self.args.warmup + settle) + 60)
+        noise.start(self.n_windows() * (self.args.window + self.args.warmup + settle + 2) + 60)
         try:
             time.sleep(settle)
             b.measure("noisy")
             self.nice(b)
-            gputunectl("apply", str(self.profile))
-            try:
-                time.sleep(settle)
-                b.measure("partition")
-                self.poll(b)
-                self.keep(b)
-            finally:
-                gputunectl("revert")
+            for prof in self.profiles:
+                gputunectl("apply", str(prof))
+                try:
+                    time.sleep(settle)
+                    b.measure(prof.stem)
+                    if self.args.halt_test:
+                        self.poll(b, prof.stem)
+                        self.keep(b, prof.stem)
+                finally:
+                    gputunectl("revert")
         finally:
             noise.stop()
         time.sleep(settle)
@@ -108,7 +120,7 @@ class Variants:
                 with contextlib.suppress(ProcessLookupError):
                     os.setpriority(os.PRIO_PROCESS, t, n)
 
-    def poll(self, b: nn.Block) -> None:
+    def poll(self, b: nn.Block, name: str) -> None:
         cpus = nn._allowed_cpus(self.worker.pid)
         files = [
             Path(f"/sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us") for c in cpus
@@ -117,18 +129,18 @@ class Variants:
         driver = Path("/sys/devices/system/cpu/cpuidle/current_driver")
         if not old or not driver.exists() or driver.read_text().strip() == "none":
             # Without a cpuidle driver the idle loop always halts; the limit changes nothing.
-            print("  (no cpuidle driver or PM QoS file here: partition+poll not measured)")
+            print("  (no cpuidle driver or PM QoS file here: +poll not measured)")
             return
         try:
             for f in old:
                 f.write_text("n/a")
             time.sleep(self.args.settle)
-            b.measure("partition+poll", idle_limit={str(f): "n/a" for f in old})
+            b.measure(f"{name}+poll", idle_limit={str(f): "n/a" for f in old})
         finally:
             for f, v in old.items():
                 f.write_text(v)
 
-    def keep(self, b: nn.Block) -> None:
+    def keep(self, b: nn.Block, name: str) -> None:
         pid = self.worker.pid
         cg = cgroup_of(pid)
         procs = []
@@ -139,7 +151,7 @@ class Variants:
                 Path(f"/sys/fs/cgroup{cg}/cgroup.procs").write_text(str(p.pid))
                 os.sched_setaffinity(p.pid, {cpu})
             time.sleep(self.args.settle)
-            b.measure("partition+keep")
+            b.measure(f"{name}+keep")
         finally:
             for p in procs:
                 self.children.stop(p, wait=2.0)
@@ -153,9 +165,19 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=6.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--settle", type=float, default=1.0)
-    ap.add_argument("--profile", default=str(nn.REPO / "profiles/shared-host.toml"))
+    ap.add_argument(
+        "--profile",
+        action="append",
+        help="a profile to compare (more than once for several; default shared-host.toml)",
+    )
+    ap.add_argument(
+        "--halt-test",
+        action="store_true",
+        help="after each profile also measure it with its CPUs kept from halting",
+    )
     ap.add_argument("--worker", choices=("auto", "gpu", "cpu"), default="auto")
     args = ap.parse_args()
+    args.profile = args.profile or [str(nn.REPO / "profiles/shared-host.toml")]
     if os.geteuid() != 0:
         print("placement_variants.py: needs root (it applies a profile)", file=sys.stderr)
         return 2
