@@ -57,11 +57,17 @@ class Change:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Something the profile asks for that gputuned will not or cannot do here, and why."""
+    """Something the profile asks for that gputuned will not or cannot do here, and why.
+
+    Most refusals leave the rest of the profile to be applied. A ``blocking`` one means that
+    applying any of it would do harm here (another cgroup's partition already holds the
+    profile's CPUs): ``plan_profile`` then raises PlanError and apply writes nothing.
+    """
 
     tuner: str
     target: str
     reason: str
+    blocking: bool = False
 
 
 @dataclass

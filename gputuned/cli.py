@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+
 from gputuned import __version__, errors
 from gputuned.host import Host
 from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
@@ -88,12 +90,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from gputuned.profile import load_profile
 
     profile = load_profile(args.profile)
-    result = plan_profile(Host(args.root), profile)
+    result = plan_profile(Host(args.root), profile, allow_blocked=True)
     if args.json:
         _print_json(result.to_json())
     else:
         render_plan(result)
-    return 0
+    # A blocked plan exits as apply would on it: PlanError's status, nothing to apply here.
+    return result.blocked_error().exit_code if result.blocked else 0
 
 
 def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
@@ -160,6 +163,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.json:
             _print_json({"ok": False, "error": str(exc), **exc.report.to_json()})
         raise
+    except errors.PlanError as exc:
+        if args.json:
+            _print_json({"ok": False, "error": str(exc), "written": []})
+        raise
     if args.json:
         _print_json({"ok": not report.failed, "profile": plan.profile, **report.to_json()})
     else:
@@ -195,7 +202,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = VerifyReport.from_json(resp, strict=args.strict)
     else:
         profile, _source = _profile_for(host, args.profile)
-        report = verify_plan(plan_profile(host, profile), read_state(host), strict=args.strict)
+        plan = plan_profile(host, profile, allow_blocked=True)  # a blocked one shows as lines
+        report = verify_plan(plan, read_state(host), strict=args.strict)
     if args.prometheus:
         write_user_file_atomic(args.prometheus, report.prometheus().encode())
     if args.json:
@@ -460,8 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except errors.GputunedError as exc:
+        # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
         console(stderr=True).print(
-            f"[bold red]gputunectl {args.command}:[/] {exc}", highlight=False
+            f"[bold red]gputunectl {args.command}:[/] {escape(str(exc))}", highlight=False
         )
         return exc.exit_code
     except KeyboardInterrupt:

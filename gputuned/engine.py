@@ -43,6 +43,16 @@ class PlanResult:
         """The settings that differ from the host: what apply would write."""
         return [c for c in self.settings if not c.in_sync]
 
+    @property
+    def blocked(self) -> list[Refusal]:
+        """Refusals that stop the whole profile: apply writes nothing while there is one."""
+        return [r for r in self.refused if r.blocking]
+
+    def blocked_error(self) -> errors.PlanError:
+        lines = [f"profile {self.profile!r} cannot be applied on this host; nothing was changed."]
+        lines += [f"  {r.tuner} {r.target}: {r.reason}" for r in self.blocked]
+        return errors.PlanError("\n".join(lines))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "profile": self.profile,
@@ -51,6 +61,7 @@ class PlanResult:
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
             "refused": [asdict(r) for r in self.refused],
+            "blocked": bool(self.blocked),
             "notes": self.notes,
             "pending_boot": self.pending_boot,
         }
@@ -108,9 +119,18 @@ def all_tuners() -> Sequence[Tuner]:
 
 
 def plan_profile(
-    host: Host, profile: Profile, *, registered: dict[int, str] | None = None
+    host: Host,
+    profile: Profile,
+    *,
+    registered: dict[int, str] | None = None,
+    allow_blocked: bool = False,
 ) -> PlanResult:
-    """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing."""
+    """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing.
+
+    A blocking refusal (:class:`Refusal`) raises PlanError, so that apply, which plans first,
+    writes nothing. ``allow_blocked`` returns such a plan instead, for commands that only show
+    it (``gputunectl plan``, ``verify``).
+    """
     from gputuned.cpulist import format_cpulist
 
     ctx = read_context(host, profile, registered=registered)
@@ -135,6 +155,8 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    if result.blocked and not allow_blocked:
+        raise result.blocked_error()
     return result
 
 

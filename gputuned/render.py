@@ -106,9 +106,15 @@ def render_plan(result: PlanResult) -> None:
     else:
         out.print("No changes: the host already matches the profile.")
     for r in result.refused:
-        out.print(f"[bold yellow]refused[/] {r.tuner} {escape(r.target)}: {escape(r.reason)}")
+        tag = "[bold red]blocked[/]" if r.blocking else "[bold yellow]refused[/]"
+        out.print(f"{tag} {r.tuner} {escape(r.target)}: {escape(r.reason)}")
     for b in result.pending_boot:
         out.print(f"[magenta]boot[/] {escape(b)} (missing from /proc/cmdline; needs a reboot)")
+    if result.blocked:
+        out.print(
+            "[bold red]apply refuses this profile here[/] and writes nothing until what is "
+            "blocked above is resolved"
+        )
 
 
 def render_apply(plan: PlanResult, report: ApplyReport) -> None:

@@ -156,3 +156,48 @@ def cgroup_cpus(host: Host, mount: str, cgroup: str) -> frozenset[int] | None:
         if not parts:
             return None
         parts.pop()
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A valid cgroup v2 cpuset partition and the CPUs it holds."""
+
+    cgroup: str  # relative to the cgroup v2 mount, e.g. "batch/pinned"
+    kind: str  # "root" or "isolated"
+    cpus: frozenset[int]
+
+
+def valid_partitions(host: Host, mount: str) -> list[Partition]:
+    """Every valid cpuset partition under the cgroup v2 mount ``mount``, with its CPUs.
+
+    A partition holds its ``cpuset.cpus.exclusive.effective`` (Linux 6.7+), else (older
+    kernels) its ``cpuset.cpus.effective``; a partition inside it is listed on its own. Remote
+    partitions can sit at any depth, so the whole tree is walked, but only where the parent
+    enables cpuset in ``cgroup.subtree_control``: no other cgroup has cpuset files.
+    An invalid partition ("root invalid (...)") holds nothing and is not listed.
+    """
+    out: list[Partition] = []
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        base = f"{mount}/{rel}" if rel else mount
+        if "cpuset" not in (host.read_optional(f"{base}/cgroup.subtree_control") or "").split():
+            continue
+        try:
+            names = host.listdir(base)
+        except errors.TargetGone:
+            continue  # removed while we looked
+        for name in names:
+            path = f"{base}/{name}"
+            if not host.is_dir(path):
+                continue
+            child = f"{rel}/{name}" if rel else name
+            todo.append(child)
+            words = (host.read_optional(f"{path}/cpuset.cpus.partition") or "").split()
+            if not words or words[0] not in ("root", "isolated") or "invalid" in words:
+                continue
+            held = host.read_optional(f"{path}/cpuset.cpus.exclusive.effective") or (
+                host.read_optional(f"{path}/cpuset.cpus.effective") or ""
+            )
+            out.append(Partition(child, words[0], parse_cpulist(held)))
+    return sorted(out, key=lambda p: p.cgroup)

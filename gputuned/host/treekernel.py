@@ -545,12 +545,32 @@ class TreeKernel:
         self.recompute_cpusets(mount, touched=cg)
 
     def _cpuset_exclusive(self, mount: str, cg: str, text: str) -> None:
-        """cpuset.c update_exclusive_cpumask(): siblings' exclusive CPUs may not overlap."""
+        """cpuset.c update_exclusive_cpumask(): refused (EINVAL) before anything changes.
+
+        Documentation/admin-guide/cgroup-v2.rst, "cpuset.cpus.exclusive" (and validate_change()):
+        the CPUs may not overlap a sibling's cpuset.cpus.exclusive or .exclusive.effective (what
+        a valid partition holds, even one made with cpuset.cpus alone), nor include all of the
+        cpuset.cpus of a sibling without exclusive CPUs of its own (it would be left none).
+        Unlike a cpuset.cpus write, which is taken and invalidates the partitions it overlaps.
+        """
         cpus = self._cpuset_list(text)
+        if cpus == parse_cpulist(self.get(f"{cg}/cpuset.cpus.exclusive") or ""):
+            return  # "Nothing to do if the CPUs didn't change"
         parent = cg.rsplit("/", 1)[0]
-        for sib in self.children(parent):
-            if sib != cg and cpus & parse_cpulist(self.get(f"{sib}/cpuset.cpus.exclusive") or ""):
-                raise _fail(E.EINVAL, f"overlaps cpuset.cpus.exclusive of {sib}")
+        for sib in self.children(parent) if cpus else []:
+            if sib == cg:
+                continue
+            theirs = {
+                n: parse_cpulist(self.get(f"{sib}/{n}") or "")
+                for n in ("cpuset.cpus.exclusive", "cpuset.cpus.exclusive.effective")
+            }
+            for name, held in theirs.items():
+                if cpus & held:
+                    why = f"overlaps {name} of {sib} ({format_cpulist(cpus & held)})"
+                    raise _fail(E.EINVAL, why)
+            sib_cpus = parse_cpulist(self.get(f"{sib}/cpuset.cpus") or "")
+            if sib_cpus and sib_cpus <= cpus and not theirs["cpuset.cpus.exclusive"]:
+                raise _fail(E.EINVAL, f"would leave {sib} none of its cpuset.cpus")
         self._refuse_empty_root(cg, cpus | parse_cpulist(self.get(f"{cg}/cpuset.cpus") or ""))
         self.put(f"{cg}/cpuset.cpus.exclusive", format_cpulist(cpus) + "\n")
         self.recompute_cpusets(mount, touched=cg)

@@ -2,9 +2,15 @@
 
 Uses cgroup v2 cpuset partitions (Documentation/admin-guide/cgroup-v2.rst, "cpuset.cpus.partition").
 gputuned creates the cgroup named by `cgroup` (relative to the cgroup v2 mount), writes
-`cpuset.cpus`, then `cpuset.cpus.exclusive`, then the partition type, and **reads the type back**:
-a write can succeed while the state becomes `isolated invalid (<reason>)`, which gputuned reports
-with the kernel's reason.
+`cpuset.cpus.exclusive` (Linux 6.7+), then `cpuset.cpus`, then the partition type, and **reads
+the type back**: a write can succeed while the state becomes `isolated invalid (<reason>)`, which
+gputuned reports with the kernel's reason.
+
+CPUs that another cgroup already holds as a valid partition are refused in plan, and then the
+whole profile is: apply writes nothing. Taking them would end that partition (the kernel turns
+it `root invalid` and leaves it so), and undoing gputuned's own writes would not bring it back.
+The write order covers a partition made between plan and apply: the exclusive claim comes
+first, and the kernel refuses it (EINVAL) before anything of the other partition changes.
 
 Modes:
 
@@ -44,6 +50,7 @@ from pydantic import (
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.host import Host
+from gputuned.host.system import Partition, valid_partitions
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 
@@ -138,6 +145,9 @@ class CpusetTuner:
             )
             return out
         self._plan_partition(ctx, cfg, cpus, layout.v2_mount, out)
+        held = _held_by_others(ctx.host, layout.v2_mount, cfg.cgroup, cpus)
+        if held:
+            out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
         return out
 
     def _plan_partition(
@@ -179,13 +189,22 @@ class CpusetTuner:
         def cur(name: str) -> str:
             return (host.read_optional(f"{group}/{name}") or "") if exists else ""
 
-        # Order matters (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files"):
-        # the CPUs, then the exclusive CPUs (Linux 6.7+), then the partition type.
-        steps = [("cpuset.cpus", cpulist, "cpulist", "the partition's CPUs")]
+        # Order matters (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files";
+        # kernel/cgroup/cpuset.c). The exclusive CPUs (Linux 6.7+) first: the kernel refuses
+        # them (EINVAL, update_exclusive_cpumask() -> validate_change()) while a sibling's
+        # cpuset.cpus.exclusive(.effective) holds any, and nothing changes. A cpuset.cpus
+        # write is not refused on cgroup v2: it turns every sibling partition it overlaps
+        # "root invalid" (update_cpumask()), and that partition stays invalid (finding F1,
+        # docs/reliability.md). Once the claim is in, cpuset.cpus overlaps no partition (the
+        # kernel compares siblings by their exclusive CPUs), and the exclusive set need not be
+        # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
+        # cpuset.cpus, and the claim is let go last.
+        steps = []
         if _has_exclusive(host, mount, group if exists else None):
             steps.append(
                 ("cpuset.cpus.exclusive", cpulist, "cpulist", "claims the CPUs for this partition")
             )
+        steps.append(("cpuset.cpus", cpulist, "cpulist", "the partition's CPUs"))
         steps.append(("cpuset.cpus.partition", cfg.mode, "partition", f"cpuset.mode = {cfg.mode}"))
         for name, value, compare, why in steps:
             have = cur(name)
@@ -218,3 +237,34 @@ def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:
         for name in host.listdir(mount)
         if host.is_dir(f"{mount}/{name}")
     )
+
+
+def _held_by_others(host: Host, mount: str, cgroup: str, cpus: frozenset[int]) -> list[Partition]:
+    """Valid partitions other than ours that hold any of ``cpus``.
+
+    Our own cgroup, its ancestors (a nested partition takes its CPUs from them) and its
+    descendants (partitions made inside ours) do not count.
+    """
+
+    def related(other: str) -> bool:
+        return other == cgroup or cgroup.startswith(other + "/") or other.startswith(cgroup + "/")
+
+    return [p for p in valid_partitions(host, mount) if p.cpus & cpus and not related(p.cgroup)]
+
+
+def _held_refusal(
+    tuner: str, cfg: Config, cpus: frozenset[int], mount: str, held: list[Partition]
+) -> Refusal:
+    taken = frozenset().union(*(p.cpus & cpus for p in held))
+    who = "; ".join(f"{mount}/{p.cgroup} ({p.kind}, holds {format_cpulist(p.cpus)})" for p in held)
+    first = f"{mount}/{held[0].cgroup}"
+    reason = (
+        f"CPUs {format_cpulist(taken)} of set {cfg.cpus!r} ({format_cpulist(cpus)}) are held by "
+        f"another valid partition: {who}. Taking them would end that partition (the kernel "
+        f"turns it 'root invalid' and it stays so). Give [cpusets.{cfg.cpus}] other CPUs "
+        f"(leave out {format_cpulist(taken)}), or remove that partition first "
+        f"(echo member > {first}/cpuset.cpus.partition)"
+    )
+    if cfg.report_only:
+        return Refusal(tuner, f"partition {cfg.cgroup}", f"report only: {reason}")
+    return Refusal(tuner, f"partition {cfg.cgroup}", reason, blocking=True)

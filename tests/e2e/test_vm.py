@@ -572,6 +572,36 @@ def test_stop_restores(lane: Lane) -> None:
         ph.detail = "diff -r empty; workload threads back in their unit's cgroup, nice 0, CPUs 0-3"
 
 
+def test_neighbour_partition(lane: Lane) -> None:
+    m = lane.need("stop = before")
+    with lane.phase(
+        "neighbour partition (F1)",
+        "scripts/device/f1.sh in the guest: plan and apply refused (exit 4, nothing written), "
+        "the neighbour stays a valid root partition, the kernel refuses an exclusive claim on "
+        "its CPUs; neighbour removed, capture = before",
+    ) as ph:
+        # The same script the H200 host runs (finding F1, docs/reliability.md), on this kernel.
+        m.put(f"{GUEST_DIR}/f1.sh", (REPO / "scripts/device/f1.sh").read_bytes())
+        res = sh(
+            m,
+            f"mkdir -p {CAPTURES}/f1 && cd {GUEST_DIR} && GPUTUNECTL=gputunectl "
+            f"F1_PROFILE={PROFILE} bash f1.sh {CAPTURES}/f1",
+            timeout=300,
+            check=False,
+        )
+        lines = res.out.splitlines()
+        failed = [ln for ln in lines if ln.startswith("FAIL")]
+        summary = next((ln for ln in lines if ln.startswith("f1: ")), "")
+        assert res.rc == 0 and not failed and summary.endswith(" 0 failed"), (
+            f"f1.sh exit {res.rc}:\n{res}"
+        )
+        assert sum(ln.startswith("PASS") for ln in lines) >= 15, res.out
+        diff = _capture_diff(m, "after-f1")
+        assert diff == "", f"after the neighbour came and went the host differs:\n{diff}"
+        lane.notes += [f"f1.sh: {ln}" for ln in lines if ln.startswith("echo ")]
+        ph.detail = f"{summary}; capture after equals before"
+
+
 def _capture_diff(m: Machine, name: str) -> str:
     sh(m, f"rm -rf {CAPTURES}/{name} && gputunectl capture --stable {CAPTURES}/{name}")
     res = sh(m, f"diff -r {CAPTURES}/before {CAPTURES}/{name}", check=False)

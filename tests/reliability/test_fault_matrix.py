@@ -4,13 +4,16 @@ Each row copies a tree, plans the widest profile (every tuner writing, tests/uni
 ``full_profile``), and then, after plan and before the first write, injects one fault: a
 ``Host.inject`` errno on one path, a write the kernel drops (``op="drop"``), or a change another
 actor makes to the tree (a device or IRQ disappears, a process exits, a PID is reused, a
-neighbour cgroup claims the CPUs). Then ``apply`` runs. The proof, by tree digest:
+neighbour cgroup claims the CPUs); a few outside changes are made before plan instead, where
+plan must see them. Then ``apply`` runs. The proof, by tree digest:
 
 - **fully reverted**: apply raised ``ApplyError`` and the tree is byte-identical to the tree
   before apply (plus the outside change, made the same way on a second copy); any journal entry
   left (a "drop" record that could not be written) names a value already in place;
 - **fully applied**: ``verify`` finds nothing drifted, every planned write is either done or
-  reported (not possible here / skipped process), and ``revert`` then restores the tree exactly.
+  reported (not possible here / skipped process), and ``revert`` then restores the tree exactly;
+- **refused**: plan refused the profile (PlanError), the apply's Host made no write, and the tree
+  is byte-identical to the tree before apply plus the outside change.
 
 ``test_fault_matrix`` prints the table that docs/reliability.md quotes; the real-kernel rows are
 in ``test_fault_matrix_real_kernel`` (root only).
@@ -33,8 +36,10 @@ from pathlib import Path
 import pytest
 
 from gputuned import apply as apply_mod
+from gputuned import errors
 from gputuned.actions import Op, expand
 from gputuned.apply import ApplyError, ApplyReport, apply_profile, read_state, revert_all
+from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine import PlanResult, plan_profile
 from gputuned.host import Host
 from gputuned.host.pci import ASPM_POLICY
@@ -82,12 +87,15 @@ class Case:
     tuner: str
     fault: str
     tree: str
-    expect: str  # "applied" | "reverted"
+    expect: str  # "applied" | "reverted" | "refused"
     hook: Hook
     #: Extra fixtures: "tmpfs" (a tiny tmpfs on the tree's /run/gputuned), "fsync" (EIO).
     needs: str = ""
     #: A known side effect outside gputuned's own writes: (files that differ, explanation).
     known: tuple[frozenset[str], str] | None = None
+    #: The hook runs before apply's plan (given a plan of its own to read values from), so
+    #: that plan sees the change: a state plan must refuse, not a race.
+    before_plan: bool = False
 
 
 @dataclass
@@ -174,8 +182,20 @@ def remove_irq(c: Ctx) -> tuple[str, Outside | None]:
 
 
 def sibling_overlaps(c: Ctx) -> tuple[str, Outside | None]:
-    """Another cgroup takes the partition's CPUs in its cpuset.cpus after plan."""
-    cpus = c.first(cg_file("cpuset.cpus")).value
+    """Another cgroup's cpuset.cpus overlap the partition's CPUs and one more, after plan: the
+    exclusive claim is allowed (it leaves the neighbour a CPU), the partition is not."""
+    part = parse_cpulist(c.first(cg_file("cpuset.cpus")).value)
+    cpus = format_cpulist(part | {max(part) + 1})
+    return _sibling_cpus(c, cpus)
+
+
+def sibling_within(c: Ctx) -> tuple[str, Outside | None]:
+    """Another cgroup's cpuset.cpus are the partition's CPUs, after plan: the kernel refuses
+    the exclusive claim, which would leave it none."""
+    return _sibling_cpus(c, c.first(cg_file("cpuset.cpus")).value)
+
+
+def _sibling_cpus(c: Ctx, cpus: str) -> tuple[str, Outside | None]:
     mount = c.first(is_cgroup).path.rsplit("/", 1)[0]
 
     def outside(root: Path) -> None:
@@ -188,7 +208,8 @@ def sibling_overlaps(c: Ctx) -> tuple[str, Outside | None]:
 
 
 def sibling_partition(c: Ctx) -> tuple[str, Outside | None]:
-    """Another cgroup becomes a partition holding the same CPUs exclusively after plan."""
+    """Another cgroup is a partition holding the same CPUs exclusively (before plan: plan
+    refuses the profile; after plan: the kernel refuses gputuned's exclusive claim)."""
     cpus = c.first(cg_file("cpuset.cpus")).value
     mount = c.first(is_cgroup).path.rsplit("/", 1)[0]
 
@@ -246,23 +267,6 @@ def journal_fsync(c: Ctx) -> tuple[str, Outside | None]:
     return f"fsync({JOURNAL}) after the 10th append: EIO", None
 
 
-#: Finding F1 (docs/reliability.md): gputuned writes cpuset.cpus before cpuset.cpus.exclusive;
-#: a cpuset.cpus that overlaps a neighbour's valid partition makes the kernel invalidate that
-#: partition (update_cpumask(); seen on the H200 host's 6.18), the exclusive write then fails
-#: (EINVAL), and gputuned's rollback cannot make the neighbour valid again: an invalid partition
-#: is looked at again only when it is written. gputuned's own writes are all undone.
-NEIGHBOUR_INVALIDATED = (
-    frozenset(
-        {
-            "sys/fs/cgroup/neighbour/cpuset.cpus.partition",
-            "sys/fs/cgroup/cpuset.cpus.effective",
-            "sys/fs/cgroup/process_api/cpuset.cpus.effective",
-            "sys/fs/cgroup/user.slice/cpuset.cpus.effective",
-        }
-    ),
-    "gputuned's writes undone, but the neighbour's partition is left 'root invalid' (F1)",
-)
-
 E = errno
 CASES: tuple[Case, ...] = (
     # PCIe ASPM (degraded-link: policy and per-link files writable)
@@ -304,8 +308,12 @@ CASES: tuple[Case, ...] = (
          on_path(cg_file("cpuset.cpus.partition"), "write", E.EIO)),
     Case("cpuset", "partition goes invalid: neighbour overlaps", "h200-captured", "reverted",
          sibling_overlaps),
-    Case("cpuset", "neighbour partition holds the CPUs", "h200-captured", "reverted",
-         sibling_partition, known=NEIGHBOUR_INVALIDATED),
+    Case("cpuset", "neighbour's cpuset.cpus within the CPUs", "h200-captured", "reverted",
+         sibling_within),
+    Case("cpuset", "neighbour partition holds the CPUs", "h200-captured", "refused",
+         sibling_partition, before_plan=True),
+    Case("cpuset", "neighbour partition made between plan and apply", "h200-captured",
+         "reverted", sibling_partition),
     Case("cpuset", "partition write dropped", "h200-captured", "reverted",
          on_path(cg_file("cpuset.cpus.partition"), "drop", 0)),
     # IRQ affinity
@@ -353,12 +361,20 @@ CASES: tuple[Case, ...] = (
 
 @contextlib.contextmanager
 def fault_after_plan(
-    host: Host, root: Path, hook: Hook, got: list[tuple[str, Outside | None]]
+    host: Host,
+    root: Path,
+    hook: Hook,
+    got: list[tuple[str, Outside | None]],
+    *,
+    before: bool = False,
 ) -> Iterator[None]:
-    """Run ``hook`` right after apply's plan of ``host`` (before its first write)."""
+    """Run ``hook`` right after apply's plan of ``host`` (before its first write), or with
+    ``before``, right before that plan (the hook reads values from a plan of its own)."""
     real = apply_mod.plan_profile  # type: ignore[attr-defined]
 
     def planned(h: Host, profile: Profile, **kw: object) -> PlanResult:
+        if before and h is host and not got:
+            got.append(hook(Ctx(host, root, real(Host(root), profile, **kw))))  # type: ignore[arg-type]
         plan = real(h, profile, **kw)  # type: ignore[arg-type]
         if h is host and not got:
             got.append(hook(Ctx(host, root, plan)))
@@ -427,7 +443,7 @@ def run_case(case: Case, work: Path, profile: Profile) -> Row:
             stack.enter_context(journal_on_tmpfs(root))
         if case.needs == "fsync":
             stack.enter_context(fsync_fails_after(10))
-        stack.enter_context(fault_after_plan(host, root, case.hook, got))
+        stack.enter_context(fault_after_plan(host, root, case.hook, got, before=case.before_plan))
         report: ApplyReport | None = None
         try:
             plan, report = apply_profile(host, profile)
@@ -435,6 +451,12 @@ def run_case(case: Case, work: Path, profile: Profile) -> Row:
             row.end = "fully reverted"
             row.said = str(exc).split("\n")[0].removeprefix(f"apply {profile.name}: ")
             left_over = journal_only_names_values_in_place(root)
+        except errors.PlanError as exc:
+            row.end = "refused, nothing written"
+            row.said = "plan refused: " + " ".join(str(exc).split("\n")[1:]).strip()
+            left_over = journal_only_names_values_in_place(root)
+            if host.writes:
+                row.problems.append(f"{len(host.writes)} write(s) after a refused plan")
         row.where, outside = got[0] if got else ("(hook never ran)", None)
         base = before
         if outside is not None:
@@ -458,13 +480,18 @@ def run_case(case: Case, work: Path, profile: Profile) -> Row:
                 if not differ
                 else f"after {fingerprint(after)} != {said} {fingerprint(base)} in {len(differ)} files"
             )
+            if row.end.startswith("refused"):
+                row.proof += f"; apply's writes: {len(host.writes)}"
         else:
             row.end = "fully applied"
             row.said = said_for(report)
             row.proof = prove_applied(root, profile, plan, report, base, row.problems)
-    if not row.end.startswith(
-        {"applied": "fully applied", "reverted": "fully reverted"}[case.expect]
-    ):
+    expected = {
+        "applied": "fully applied",
+        "reverted": "fully reverted",
+        "refused": "refused, nothing written",
+    }[case.expect]
+    if not row.end.startswith(expected):
         row.problems.append(f"expected {case.expect}, got {row.end}")
     return row
 
@@ -533,10 +560,12 @@ def test_fault_matrix(tmp_path: Path, terminal: list[str]) -> None:
         rows.append(run_case(case, tmp_path / f"case{i}", profile))
     terminal += table(rows, f"fault matrix (trees): {len(rows)} faults")
     applied = sum(r.end == "fully applied" for r in rows)
+    refused = sum(r.end.startswith("refused") for r in rows)
     known = sum(r.case.known is not None for r in rows)
     terminal.append(
-        f"faults: {len(rows)} injected, {applied} fully applied, {len(rows) - applied} fully "
-        f"reverted ({known} with a known side effect outside gputuned's writes), "
+        f"faults: {len(rows)} injected, {applied} fully applied, "
+        f"{len(rows) - applied - refused} fully reverted, {refused} refused before any write "
+        f"({known} with a known side effect outside gputuned's writes), "
         f"{sum(bool(r.problems) for r in rows)} half"
     )
     assert len({(c.tuner, c.fault) for c in CASES}) == len(CASES), "every row is a distinct fault"

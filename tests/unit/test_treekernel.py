@@ -509,3 +509,77 @@ def test_cpuset_cpus_errors(tmp_path: Path) -> None:
 
 def test_format_helpers_agree_with_trees() -> None:
     assert format_mask({0}, 16) == "0001" and format_cpulist({0, 1, 2, 5}) == "0-2,5"
+
+
+# -- a partition next to another (finding F1, docs/reliability.md) -------------------------------
+
+
+@pytest.mark.parametrize("with_exclusive", [True, False])
+def test_exclusive_claim_on_a_neighbours_cpus_is_refused_before_anything_changes(
+    with_exclusive: bool, tmp_path: Path
+) -> None:
+    """update_exclusive_cpumask(): EINVAL against a sibling's exclusive(.effective) CPUs, also
+    those of a partition made with cpuset.cpus alone; the neighbour stays valid."""
+    root = tree("h200-captured", tmp_path)
+    host = Host(root)
+    n = f"{CG}/neighbour"
+    assert partition(host, n, "1-2", "root", exclusive=with_exclusive) == "root\n"
+    host.mkdir(f"{CG}/g")
+    before = digest(root)
+    which = "cpuset.cpus.exclusive" if with_exclusive else "cpuset.cpus.exclusive.effective"
+    with pytest.raises(errors.InvalidValue, match=rf"overlaps {which} of {n} \(1-2\)"):
+        host.write_text(f"{CG}/g/cpuset.cpus.exclusive", "1-4")
+    assert digest(root) == before
+    host.write_text(f"{CG}/g/cpuset.cpus.exclusive", "3-4")  # CPUs nobody holds: taken
+    assert read(root, f"{n}/cpuset.cpus.partition") == "root\n"
+
+
+def test_cpuset_cpus_over_a_neighbours_partition_invalidates_it(tmp_path: Path) -> None:
+    """update_cpumask() on cgroup v2 takes the write and turns the sibling partition 'root
+    invalid' for good (seen on the H200's 6.18): the old write order's damage."""
+    root = tree("h200-captured", tmp_path)
+    host = Host(root)
+    n = f"{CG}/neighbour"
+    partition(host, n, "1-2", "root")
+    host.mkdir(f"{CG}/g")
+    host.write_text(f"{CG}/g/cpuset.cpus", "1-4")
+    assert read(root, f"{n}/cpuset.cpus.partition") == "root invalid\n"
+    assert read(root, f"{CG}/cpuset.cpus.effective") == "0-15\n"
+    with pytest.raises(errors.InvalidValue):
+        host.write_text(f"{CG}/g/cpuset.cpus.exclusive", "1-4")  # its exclusive.effective stays
+    host.write_text(f"{CG}/g/cpuset.cpus", "")
+    host.rmdir(f"{CG}/g")
+    assert read(root, f"{n}/cpuset.cpus.partition") == "root invalid\n"  # and stays so
+
+
+def test_exclusive_claim_may_not_leave_a_sibling_none_of_its_cpus(tmp_path: Path) -> None:
+    root = tree("h200-captured", tmp_path)
+    host = Host(root)
+    host.mkdir(f"{CG}/m")
+    host.write_text(f"{CG}/m/cpuset.cpus", "2-3")
+    host.mkdir(f"{CG}/g")
+    with pytest.raises(errors.InvalidValue, match=f"would leave {CG}/m none of its cpuset.cpus"):
+        host.write_text(f"{CG}/g/cpuset.cpus.exclusive", "1-4")
+    host.write_text(f"{CG}/m/cpuset.cpus", "2-5")  # CPUs 5 left to it: allowed
+    host.write_text(f"{CG}/g/cpuset.cpus.exclusive", "1-4")
+    assert read(root, f"{CG}/g/cpuset.cpus.exclusive") == "1-4\n"
+
+
+def test_exclusive_first_order_and_reverse_revert_round_trip(tmp_path: Path) -> None:
+    """gputuned's order: exclusive CPUs, cpuset.cpus, type; revert newest first."""
+    root = tree("h200-captured", tmp_path)
+    before = digest(root)
+    host = Host(root)
+    g = f"{CG}/gputuned.inference"
+    host.mkdir(g)
+    host.write_text(f"{g}/cpuset.cpus.exclusive", "1-4")
+    assert read(root, f"{CG}/cpuset.cpus.effective") == "0-15\n"  # a claim takes nothing yet
+    host.write_text(f"{g}/cpuset.cpus", "1-4")
+    host.write_text(f"{g}/cpuset.cpus.partition", "isolated")
+    assert read(root, f"{g}/cpuset.cpus.partition") == "isolated\n"
+    assert read(root, f"{CG}/cpuset.cpus.effective") == "0,5-15\n"
+    host.write_text(f"{g}/cpuset.cpus.partition", "member")
+    host.write_text(f"{g}/cpuset.cpus", "\n")
+    host.write_text(f"{g}/cpuset.cpus.exclusive", "\n")
+    host.rmdir(g)
+    assert digest(root) == before

@@ -1,0 +1,170 @@
+"""The cpuset tuner next to another partition (finding F1, docs/reliability.md), and its order.
+
+Plan refuses CPUs that another valid partition holds, and then apply writes nothing at all;
+the writes go exclusive CPUs, cpuset.cpus, partition type, and revert undoes them in reverse.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gputuned import cli, errors
+from gputuned.actions import expand
+from gputuned.apply import apply_profile, revert_all
+from gputuned.engine import plan_profile
+from gputuned.host import Host
+from gputuned.host.state import JOURNAL
+from gputuned.profile import load_profile
+from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
+
+CG = "/sys/fs/cgroup"
+NEIGHBOUR = f"{CG}/f1-neighbour"
+SHARED = PROFILES / "shared-host.toml"  # partition 1-4 on h200-captured
+
+
+def neighbour(root: Path, cpus: str, mode: str = "root", *, exclusive: bool = True) -> None:
+    """Another cgroup's partition, made as its owner would (through the tree's kernel)."""
+    h = Host(root)
+    h.mkdir(NEIGHBOUR)
+    h.write_text(f"{NEIGHBOUR}/cpuset.cpus", cpus)
+    if exclusive:
+        h.write_text(f"{NEIGHBOUR}/cpuset.cpus.exclusive", cpus)
+    h.write_text(f"{NEIGHBOUR}/cpuset.cpus.partition", mode)
+    assert h.read_value(f"{NEIGHBOUR}/cpuset.cpus.partition") == mode
+
+
+def state(root: Path) -> str:
+    return (root / NEIGHBOUR.lstrip("/") / "cpuset.cpus.partition").read_text()
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_plan_refuses_cpus_another_partition_holds_and_apply_writes_nothing(
+    exclusive: bool, tmp_path: Path
+) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    neighbour(root, "1-2", exclusive=exclusive)
+    before = digest(root)
+    profile = load_profile(SHARED)
+
+    with pytest.raises(errors.PlanError) as info:
+        plan_profile(Host(root), profile)
+    msg = str(info.value)
+    assert msg.startswith("profile 'shared-host' cannot be applied on this host; nothing was")
+    assert "CPUs 1-2 of set 'inference' (1-4) are held by another valid partition: " in msg
+    assert f"{NEIGHBOUR} (root, holds 1-2)" in msg
+    assert "Give [cpusets.inference] other CPUs (leave out 1-2)" in msg
+    assert f"echo member > {NEIGHBOUR}/cpuset.cpus.partition" in msg
+    assert info.value.exit_code == 4
+
+    # Shown, not raised, for plan and verify: the partition's changes and the blocking refusal.
+    shown = plan_profile(Host(root), profile, allow_blocked=True)
+    (blocked,) = shown.blocked
+    assert (blocked.tuner, blocked.target, blocked.blocking) == (
+        "cpuset",
+        "partition gputuned.inference",
+        True,
+    )
+    assert any(c.target == "gputuned.inference cpuset.cpus" for c in shown.changes)
+    assert shown.to_json()["blocked"] is True
+
+    host = Host(root)
+    with pytest.raises(errors.PlanError):
+        apply_profile(host, profile)
+    assert host.writes == []
+    assert digest(root) == before
+    assert not (root / JOURNAL.lstrip("/")).exists()
+    assert state(root) == "root\n"
+
+
+def test_partitions_that_do_not_count(tmp_path: Path) -> None:
+    """Other CPUs, an invalid partition, our own partition, a report-only cpuset."""
+    profile = load_profile(SHARED)
+    root = tree_copy("h200-captured", tmp_path / "a")
+    neighbour(root, "5-6")  # none of 1-4
+    assert plan_profile(Host(root), profile).blocked == []
+
+    root = tree_copy("h200-captured", tmp_path / "b")
+    neighbour(root, "1-2")
+    (root / NEIGHBOUR.lstrip("/") / "cpuset.cpus.partition").write_text("root invalid\n")
+    assert plan_profile(Host(root), profile).blocked == []  # an invalid partition holds nothing
+
+    root = tree_copy("h200-captured", tmp_path / "c")
+    apply_profile(Host(root), profile)  # ours now holds 1-4: re-planning is not blocked by it
+    assert plan_profile(Host(root), profile).blocked == []
+    assert revert_all(Host(root)).failed == []
+
+    root = tree_copy("h200-captured", tmp_path / "d")
+    neighbour(root, "3")
+    data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
+    data["cpuset"]["report_only"] = True
+    quiet = type(profile).model_validate(data)
+    plan = plan_profile(Host(root), quiet)
+    (r,) = [r for r in plan.refused if r.tuner == "cpuset"]
+    assert not r.blocking and r.reason.startswith("report only: CPUs 3 of set 'inference'")
+
+
+def test_cli_plan_and_apply_on_a_neighbours_cpus_exit_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    neighbour(root, "2", "isolated")
+    before = digest(root)
+
+    rc = cli.main(["plan", str(SHARED), "--root", str(root), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 4 and out["blocked"] is True
+    (r,) = [r for r in out["refused"] if r["blocking"]]
+    assert f"{NEIGHBOUR} (isolated, holds 2)" in r["reason"]
+
+    rc = cli.main(["plan", str(SHARED), "--root", str(root)])
+    text = " ".join(capsys.readouterr().out.split())
+    assert rc == 4 and "blocked cpuset partition gputuned.inference: CPUs 2" in text
+    assert "apply refuses this profile here and writes nothing" in text
+
+    rc = cli.main(["apply", str(SHARED), "--root", str(root)])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 4 and "gputunectl apply: profile 'shared-host' cannot be applied" in err
+    assert "Give [cpusets.inference] other CPUs" in err  # not eaten as console markup
+    assert digest(root) == before and state(root) == "isolated\n"
+
+
+def test_partition_writes_exclusive_first_and_revert_in_reverse(tmp_path: Path) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    profile = full_profile()
+    g = f"{CG}/gputuned.inference"
+    names = {
+        f"{g}:mkdir": "mkdir",
+        f"{g}/cpuset.cpus.exclusive": "exclusive",
+        f"{g}/cpuset.cpus": "cpus",
+        f"{g}/cpuset.cpus.partition": "type",
+        f"{g}:rmdir": "rmdir",
+    }
+
+    planned = [
+        names[op.path] for ch in plan_profile(Host(root), profile).changes for op in expand(ch)
+        if op.path in names
+    ]  # fmt: skip
+    assert planned == ["exclusive", "cpus", "type"]
+
+    host = Host(root)
+    apply_profile(host, profile)
+    assert [names[w.path] for w in host.writes if w.path in names] == [
+        "mkdir",
+        "exclusive",
+        "cpus",
+        "type",
+    ]
+    undo = Host(root)
+    assert revert_all(undo).failed == []
+    # The partition ends first; the exclusive claim is let go after cpuset.cpus.
+    assert [names[w.path] for w in undo.writes if w.path in names] == [
+        "type",
+        "cpus",
+        "exclusive",
+        "rmdir",
+    ]
+    assert digest(root) == before
