@@ -24,6 +24,7 @@ from gputuned.host.state import (
     ACTIVE,
     STATE,
     HostLock,
+    check_state_files,
     read_optional_bytes,
     remove,
     replace_durable,
@@ -187,6 +188,7 @@ def apply_profile(
     """
     t0 = time.monotonic()
     with HostLock(host) if lock else contextlib.nullcontext():
+        check_state_files(host)  # before any write: a state file others could write is refused
         plan = plan_profile(host, profile, registered=registered)
         journal = journal if journal is not None else Journal(host)
         report = ApplyReport()

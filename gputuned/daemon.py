@@ -230,6 +230,18 @@ class Daemon:
         self._verify()
         return report
 
+    def _reapply(self, why: str) -> ApplyReport | None:
+        """``_apply_full`` for the daemon's own triggers (drift, udev, NVML, rescan): a profile
+        that cannot be planned now (a CPU set gone empty, a neighbour's partition taking its
+        CPUs) leaves what is applied in place and the daemon running, degraded."""
+        try:
+            return self._apply_full(why)
+        except errors.GputunedError as exc:
+            log.error("daemon: %s: %s; keeping what is applied", why, exc)
+            self.status = f"degraded: {why}: {exc}"
+            self.notify.send(f"STATUS={self.status}")
+            return None
+
     def _drifted(self) -> bool:
         """Does any applied setting no longer hold? Reads only those settings' files."""
         for ch in self.settings:
@@ -300,7 +312,7 @@ class Daemon:
                     "daemon: process events were lost (receive buffer overflow); rescanning"
                 )
                 if self.profile is not None:
-                    self._apply_full("rescan")
+                    self._reapply("rescan")
                 return
             if ev.kind in ("exec", "fork") or (ev.kind == "thread" and ev.pid in self.placed):
                 new.append(ev.pid)
@@ -324,7 +336,7 @@ class Daemon:
             log.info(
                 "daemon: PCI %s; re-planning", ", ".join(f"{e.action} {e.bdf}" for e in events)
             )
-            self._apply_full("udev")
+            self._reapply("udev")
 
     def _on_control(self, fd: int) -> None:
         if self.control is not None:
@@ -350,10 +362,17 @@ class Daemon:
             log.error("daemon: reload: %s; keeping the profile in place", exc)
             self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
             return
+        old = self.profile, self.source
         self.profile, self.source = prof, src
         self.counters["reloads"] += 1
         if self.profile is not None:
-            self._apply_full("reload")
+            try:
+                self._apply_full("reload")
+            except errors.GputunedError as exc:
+                log.error("daemon: reload: %s; keeping the profile in place", exc)
+                self.profile, self.source = old
+                self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
+                return
         self.notify.send("READY=1", f"STATUS={self.status}")
 
     def _on_term(self, sig: int) -> None:
@@ -393,12 +412,13 @@ class Daemon:
             # device and IRQ read again) runs when something drifted, and every 10th tick to
             # catch what no event announced.
             if self._drifted() or self._drift_ticks >= 10:
-                report = self._apply_full("drift repair")
-                self.counters["repairs"] += len(report.written)
-                self.notify.send(f"STATUS={self.status}")
+                report = self._reapply("drift repair")
+                if report is not None:
+                    self.counters["repairs"] += len(report.written)
+                    self.notify.send(f"STATUS={self.status}")
             self._next["drift"] = t + self.profile.daemon.drift_interval_s
         if self._next.get("nvml", float("inf")) <= t:
-            self._apply_full("nvml")
+            self._reapply("nvml")
             self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
 
     # -- control socket -----------------------------------------------------------------------
@@ -411,8 +431,13 @@ class Daemon:
         if cmd == "apply":
             path = Path(str(req["profile"]))
             profile = load_profile(path)
+            old = self.profile, self.source, self.profile_path
             self.profile, self.source, self.profile_path = profile, str(path), None
-            report = self._apply_full("apply")
+            try:
+                report = self._apply_full("apply")
+            except errors.GputunedError:
+                self.profile, self.source, self.profile_path = old  # the client gets the error
+                raise
             self._schedule()
             self.notify.send(f"STATUS={self.status}")
             return {"profile": profile.name, **report.to_json()}

@@ -414,3 +414,39 @@ def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
     assert d.journal.lines <= 2 * live + 256 + 8, "compacted when it grew"
     assert max(sizes) > sizes[-1], "the file shrank at least once"
     d.stop()
+
+
+def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drift repair, reload and control apply meet a plan error (say a neighbour's partition
+    took the CPUs): what is applied stays, the daemon keeps running and says so."""
+    from gputuned import errors
+    from gputuned.host.control import PeerCred
+
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    prof = profile_file(tmp_path)
+    d = Daemon(Host(root), profile_path=prof)
+    d.start()
+    applied = digest(root)
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise errors.PlanError("CPUs 1-2 are held by another valid partition")
+
+    with monkeypatch.context() as m:
+        m.setattr("gputuned.apply.plan_profile", refuse)
+        d._drift_ticks = 9
+        d._next["drift"] = 0.0
+        d._timers()
+        assert d.status.startswith("degraded: drift repair: CPUs 1-2"), d.status
+        assert digest(root) == applied
+        os.kill(os.getpid(), signal.SIGHUP)
+        d.loop.run_once(1.0)
+        assert d.profile is not None and d.profile.name == "shared-host"
+        with pytest.raises(errors.PlanError):
+            d._handle({"cmd": "apply", "profile": str(prof)}, PeerCred(1, 0, 0))
+        assert d.profile is not None and d.source == str(prof.absolute())
+        assert d.running
+    d.stop()
+    assert digest(root) == before
