@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gputuned import errors
 from gputuned.host.fs import TREE_META, Host
+from gputuned.host.mounts import CGROUP_FEATURES, MOUNTINFO
 from gputuned.host.nvml import read_gpus
 from gputuned.host.pci import ASPM_POLICY, DEVICES
 
@@ -93,6 +94,7 @@ def capture(
     say("IRQs")
     _copy(host, w, "/proc/cmdline")
     _copy(host, w, "/proc/mounts", _filter_mounts)
+    _copy(host, w, MOUNTINFO, _filter_mountinfo)
     _copy(host, w, "/proc/interrupts", _zero_counts if stable else None)
     _copy(host, w, "/proc/irq/default_smp_affinity")
     for irq in sorted((n for n in _list(host, "/proc/irq") if n.isdigit()), key=int):
@@ -113,6 +115,7 @@ def capture(
     if probe_writes and host.exists(ASPM_POLICY):
         _probe(host, ASPM_POLICY, write_errors, policy=True)
     say("cgroups")
+    _copy(host, w, CGROUP_FEATURES)
     _capture_cgroups(host, w, "/sys/fs/cgroup", 0)
 
     nvml = read_gpus(host)
@@ -157,6 +160,16 @@ def _zero_counts(data: bytes) -> bytes:
 
 def _filter_mounts(data: bytes) -> bytes:
     keep = [ln for ln in data.decode().splitlines() if ln.split()[2:3] in (["cgroup"], ["cgroup2"])]
+    return ("\n".join(keep) + "\n").encode() if keep else b""
+
+
+def _filter_mountinfo(data: bytes) -> bytes:
+    """The cgroup and cgroup2 lines of /proc/self/mountinfo (their type follows " - ")."""
+    keep = [
+        ln
+        for ln in data.decode().splitlines()
+        if ln.partition(" - ")[2].split()[:1] in (["cgroup"], ["cgroup2"])
+    ]
     return ("\n".join(keep) + "\n").encode() if keep else b""
 
 

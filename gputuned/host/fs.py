@@ -63,7 +63,8 @@ class Host:
 
     Threads are changed with :meth:`set_nice`, :meth:`set_affinity` and :meth:`set_scheduler`
     (syscalls live, /proc edits on a tree; mechanism in :mod:`gputuned.host.procctl`) and
-    processes moved with :meth:`move_to_cgroup`. Every mutation lands in ``writes``: thread
+    processes moved with :meth:`move_to_cgroup`; :meth:`remount` changes a mount's super
+    options. Every mutation lands in ``writes``: thread
     operations as a pseudo-path such as ``/proc/1234/task/1235:nice`` with data ``b"-10"``,
     directories as ``/sys/fs/cgroup/x:mkdir`` / ``:rmdir`` with empty data.
     """
@@ -280,6 +281,25 @@ class Host:
             self.write_text(f"{cgroup_dir.rstrip('/')}/cgroup.procs", str(pid))
         except errors.HostError as exc:
             raise procctl.explain_move(exc, pid, cgroup_dir) from exc
+
+    def remount(self, point: str, fstype: str, super_options: str) -> None:
+        """Give the ``fstype`` filesystem mounted at ``point`` exactly ``super_options`` (as
+        /proc/self/mountinfo prints them), keeping the mount's own flags (nosuid, ...).
+
+        mount(2) with MS_REMOUNT live; the tree's mountinfo is rewritten by its kernel model
+        (:mod:`gputuned.host.mounts`). Recorded as a write to ``{point}:remount``, which is
+        also the path to inject faults on.
+        """
+        from gputuned.host import mounts
+
+        where = f"{point}:remount"
+        self._check_fault("write", where)
+        if any(f.op == "drop" and f.path == where for f in self.faults):
+            self._wrote(WriteRecord(where, super_options.encode()))  # "succeeds", changes nothing
+            return
+        with self._translate("remount", point):
+            mounts.remount(self, point, fstype, super_options)
+        self._wrote(WriteRecord(where, super_options.encode()))
 
     def _thread_op(self, tid: int, what: str, data: str, run: Callable[[int], None]) -> None:
         from gputuned.host import procctl

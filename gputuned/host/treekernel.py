@@ -11,6 +11,8 @@ through here (injected faults fire before); anything not listed below is a plain
 - ``/proc/irq/N/smp_affinity{,_list}`` (+ ``effective_affinity{,_list}``), ``default_smp_affinity``
 - cgroup v2 (by the tree's ``/proc/mounts``): ``cgroup.subtree_control``, ``cgroup.procs``,
   ``cpuset.cpus``, ``cpuset.cpus.exclusive``, ``cpuset.cpus.partition``, ``mkdir`` and ``rmdir``
+- a remount of the cgroup2 hierarchy (:meth:`TreeKernel.remount`): its lines in
+  ``/proc/self/mountinfo`` and ``/proc/mounts``
 
 Entry points raise ``OSError`` with the errno the kernel returns; where the user needs a reason it
 rides in ``strerror`` and ``gputuned.host.fs.translate`` shows it. Simplifications are named where
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputuned.cpulist import CpuListError, format_cpulist, format_mask, parse_cpulist, parse_mask
+from gputuned.host import mounts as mt
 from gputuned.host.fs import write_file
 from gputuned.host.pci import ASPM_POLICY, LINK_ASPM_FILES
 from gputuned.host.pciconfig import parse_config
@@ -370,6 +373,55 @@ class TreeKernel:
             real.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
         elif real.exists():
             real.unlink()
+
+    # -- mounts ----------------------------------------------------------------------------
+
+    def remount(self, point: str, flags: int, data: str) -> None:
+        """mount(2) with MS_REMOUNT of the cgroup2 hierarchy at ``point`` (fs/namespace.c
+        path_mount() -> do_remount(), kernel/cgroup/cgroup.c cgroup2_parse_param()).
+
+        The super options become exactly ``data``, printed in cgroup_show_options() order; an
+        option the kernel does not know is EINVAL (the tree's kernel knows those its
+        /sys/kernel/cgroup/features lists, else all of CGROUP2_OPTIONS). The mount's own options
+        follow ``flags``; its atime options are kept when ``flags`` gives none. Both the
+        mountinfo line and the /proc/mounts line change. Simplified: only cgroup2 is modelled,
+        and a remount from a cgroup namespace other than the initial one is not ignored as the
+        kernel ignores it (apply_cgroup_root_flags()).
+        """
+        info = (self.get(mt.MOUNTINFO) or "").splitlines(keepends=True)
+        at = [i for i, ln in enumerate(info) if (m := mt.parse_line(ln)) and m.point == point]
+        if not at:
+            raise _fail(E.EINVAL, f"{point} is not a mount point")  # do_remount(): not the root
+        line = info[at[-1]]
+        mount = mt.parse_line(line)
+        assert mount is not None
+        if mount.fstype != "cgroup2":
+            raise _fail(E.EINVAL, f"the tree's kernel remounts cgroup2 only, not {mount.fstype}")
+        known = (self.get(mt.CGROUP_FEATURES) or "").split() or mt.CGROUP2_OPTIONS
+        given = [o for o in data.split(",") if o]
+        for opt in given:
+            if opt not in known:
+                raise _fail(E.EINVAL, f"cgroup2: Unknown parameter '{opt}'")  # fs_parse()
+        rw = "ro" if flags & mt.MS_RDONLY else "rw"
+        fs_opts = [o for o in mt.CGROUP2_OPTIONS if o in given]
+        own = [rw, *_mount_flags(flags, mount.options)]
+        pre, _sep, post = line.rstrip("\n").partition(" - ")
+        head, tail = pre.split(" "), post.split(" ")
+        head[5], tail[2] = ",".join(own), ",".join([rw, *fs_opts])
+        info[at[-1]] = " ".join(head) + " - " + " ".join(tail) + "\n"
+        self.put(mt.MOUNTINFO, "".join(info))
+        # /proc/mounts (show_vfsmnt()): rw/ro, the mount's options, then the filesystem's.
+        lines = (self.get("/proc/mounts") or "").splitlines(keepends=True)
+        hits = [
+            i
+            for i, ln in enumerate(lines)
+            if ln.split()[2:3] == ["cgroup2"] and mt.unescape(ln.split()[1]) == point
+        ]
+        if hits:
+            f = lines[hits[-1]].rstrip("\n").split(" ")
+            f[3] = ",".join([*own, *fs_opts])
+            lines[hits[-1]] = " ".join(f) + "\n"
+            self.put("/proc/mounts", "".join(lines))
 
     # -- cgroup v2: directories, controllers, processes --------------------------------------
 
@@ -732,6 +784,29 @@ class TreeKernel:
         if not c.valid_now:
             order = ("NOTEXCL", "CPUSEMPTY", "INVCPUS", "NOCPUS")
         return next((k for k in order if failed[k]), None)
+
+
+def _mount_flags(flags: int, before: tuple[str, ...]) -> list[str]:
+    """The mount's own options after path_mount() with ``flags`` (show_mnt_opts() order).
+
+    relatime is the default unless MS_NOATIME, MS_STRICTATIME clears both, and a remount that
+    names no atime flag keeps the mount's ("The default atime for remount is preservation").
+    """
+    atime = ("noatime", "nodiratime", "relatime")
+    given = flags & (mt.MS_NOATIME | mt.MS_NODIRATIME | mt.MS_RELATIME | mt.MS_STRICTATIME)
+    out = []
+    for name, bit in mt.MOUNT_FLAGS.items():
+        if name in atime and not given:
+            on = name in before
+        elif name == "relatime":
+            on = not flags & (mt.MS_NOATIME | mt.MS_STRICTATIME)
+        elif name == "noatime":
+            on = bool(flags & bit) and not flags & mt.MS_STRICTATIME
+        else:
+            on = bool(flags & bit)
+        if on:
+            out.append(name)
+    return out
 
 
 @dataclass(frozen=True)

@@ -208,11 +208,42 @@ def add_cgroup2(tree: Tree, cpus: str, mems: str) -> None:
         "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate,"
         "memory_recursiveprot 0 0\n",
     )
+    tree.text("/proc/self/mountinfo", H200_MOUNTINFO)
     controllers = "cpuset cpu io memory hugetlb pids\n"
     tree.text("/sys/fs/cgroup/cgroup.controllers", controllers)
     tree.text("/sys/fs/cgroup/cgroup.subtree_control", controllers)
     tree.text("/sys/fs/cgroup/cpuset.cpus.effective", f"{cpus}\n")
     tree.text("/sys/fs/cgroup/cpuset.mems.effective", f"{mems}\n")
+
+
+# The cgroup2 line of /proc/self/mountinfo, read on the lent H200 host (Linux
+# 6.18.44-fc-v657-gpu) on 2026-11-30: the options its /proc/mounts line shows, split into the
+# mount's own and the hierarchy's. The synthetic trees, which have the same /proc/mounts line,
+# use it too.
+H200_MOUNTINFO = (
+    "32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 "
+    "rw,nsdelegate,memory_recursiveprot\n"
+)
+
+# The cgroup lines of /proc/self/mountinfo, read on a machine of the ci-vm kind (Linux
+# 6.18.44-fc-v657, Debian 12) on 2026-11-30, cgroup2 at /sys/fs/cgroup/unified. Both kinds list
+# the same /sys/kernel/cgroup/features.
+CI_VM_MOUNTINFO = """\
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+36 31 0:33 / /sys/fs/cgroup/devices rw,relatime - cgroup cgroup rw,devices
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+CGROUP_FEATURES_618 = (
+    "nsdelegate\nfavordynmods\nmemory_localevents\nmemory_recursiveprot\n"
+    "memory_hugetlb_accounting\npids_localevents\n"
+)
 
 
 def mount_to_proc_mounts(text: str) -> str:
@@ -554,7 +585,8 @@ def build_h200_vm(shared: Path) -> Tree:
         "the capture, are restored as the kernel prints them; cpu/possible and cpu/present "
         "equal cpu/online; the root cgroup's cpuset.cpus.effective is the online set (nothing "
         "isolated); write errors recorded only for smp_affinity_list, the file the capture "
-        "wrote.",
+        "wrote; /proc/self/mountinfo (its cgroup2 line) and /sys/kernel/cgroup/features were "
+        "read on the same machine kind later.",
     )
     cap = json.loads((shared / "h200-vm.json").read_text())
     controllers = cap["cgroup2_controllers"] + "\n"
@@ -562,6 +594,8 @@ def build_h200_vm(shared: Path) -> Tree:
     tree.text("/sys/fs/cgroup/cgroup.subtree_control", cap["cgroup2_subtree"] + "\n")
     tree.text("/sys/fs/cgroup/cpuset.cpus.effective", "0-15\n")
     tree.text("/sys/fs/cgroup/cpuset.mems.effective", "0\n")
+    tree.text("/proc/self/mountinfo", H200_MOUNTINFO)
+    tree.text("/sys/kernel/cgroup/features", CGROUP_FEATURES_618)
     return tree
 
 
@@ -599,7 +633,9 @@ def build_ci_vm(shared: Path) -> Tree:
         "reproduced from the capture: it is a stray regular file on that tmpfs (no "
         "cgroup.controllers beside it, and the kernel never prints '+'), left by something "
         "that wrote '+cpuset' as if cgroup2 were mounted there; cgroup detection must go by "
-        "/proc/mounts, not by that file. No PCIe functions: virtio devices on conventional PCI.",
+        "/proc/mounts, not by that file. No PCIe functions: virtio devices on conventional PCI. "
+        "/proc/self/mountinfo (its cgroup lines) and /sys/kernel/cgroup/features were read on a "
+        "machine of this kind.",
     )
     cap = json.loads((shared / "ci-vm.json").read_text())
     assert cap["cgroup2_controllers"].startswith("ERR FileNotFoundError")
@@ -608,6 +644,8 @@ def build_ci_vm(shared: Path) -> Tree:
         tree.text(f"/sys/fs/cgroup/cpuset/{name}", f"{value}\n")
     tree.text("/sys/fs/cgroup/unified/cgroup.controllers", "\n")
     tree.text("/sys/fs/cgroup/unified/cgroup.subtree_control", "\n")
+    tree.text("/proc/self/mountinfo", CI_VM_MOUNTINFO)
+    tree.text("/sys/kernel/cgroup/features", CGROUP_FEATURES_618)
     return tree
 
 

@@ -1,7 +1,8 @@
 """Unit tests run against trees only: any escape to the real machine fails the test loudly.
 
 An audit hook (PEP 578) sees every ``open``, ``os.listdir`` and ``os.scandir`` in the process,
-including those inside third-party code, so a forgotten ``Host`` cannot hide behind a helper.
+including those inside third-party code, so a forgotten ``Host`` cannot hide behind a helper, and
+``gputuned.host.mount``, which gputuned raises before its one ``mount(2)`` call (a remount).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def _path_of(arg: Any) -> str | None:
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
+    if _active and event == "gputuned.host.mount":
+        _escapes.append(f"mount(2) {args}")
+        raise RuntimeError(f"unit test escaped to the real host: mount(2) {args}")
     if not _active or event not in ("open", "os.listdir", "os.scandir") or not args:
         return
     p = _path_of(args[0])
