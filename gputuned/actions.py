@@ -16,7 +16,7 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist, parse_mask
-from gputuned.host import Host, irqbalance, state
+from gputuned.host import Host, irqbalance, mounts, state
 from gputuned.host.proc import read_thread
 from gputuned.host.system import cgroup_cpus
 from gputuned.tuners.process import DEFAULT_AFFINITY
@@ -88,6 +88,10 @@ def expand(ch: Change) -> list[Op]:
         return [Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, "present", data=dict(ch.data))]
     if ch.kind in ("cgroup", "file"):
         return [Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, ch.wanted, data=dict(ch.data))]
+    if ch.kind == "mount":
+        return [
+            Op(ch.key, ch.tuner, ch.target, ch.kind, ch.path, ch.wanted, "options", dict(ch.data))
+        ]
     return [Op(ch.key, ch.tuner, ch.target, "sysfs", ch.path, ch.wanted, ch.compare)]
 
 
@@ -129,6 +133,8 @@ def read_old(host: Host, op: Op) -> str:
         return "present" if op.data["controller"] in have else ABSENT
     if k == "file":
         return host.read_text(op.path) if host.exists(op.path) else ABSENT
+    if k == "mount":
+        return mounts.find(host, op.path, op.data["fstype"]).super_options
     if k in ("nice", "affinity", "policy"):
         check_identity(host, op)
         pid, tid = _thread(host, op)
@@ -201,6 +207,8 @@ def write(host: Host, op: Op, value: str) -> None:
             state.remove(host, op.path)
         else:
             state.replace_durable(host, op.path, value.encode(), mode=0o644)
+    elif k == "mount":
+        host.remount(op.path, op.data["fstype"], value)
     elif k in ("nice", "affinity", "policy"):
         check_identity(host, op)
         _, tid = _thread(host, op)
@@ -238,6 +246,9 @@ def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tupl
     if op.kind == "affinity" and value == DEFAULT_AFFINITY:
         now = read_old(host, op)
         return parse_cpulist(now) == _cgroup_allows(host, op), now
+    if op.kind == "mount":
+        now = read_old(host, op)
+        return same(op.compare, now, value), now
     if op.kind == "irqbalance" and just_written:
         # irqbalance takes new settings at its next rescan (its sleep interval, 10 s by
         # default), so an immediate "setup" still shows the old ones; verify checks later.
@@ -268,4 +279,6 @@ def same(compare: str, have: str, want: str) -> bool:
         return h <= w if compare == "cpulist_subset" else h == w
     if compare == "mask":
         return parse_mask(have) == parse_mask(want)
+    if compare == "options":  # mount options: the kernel prints them in an order of its own
+        return set(have.split(",")) == set(want.split(","))
     return have == want

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 #: "thread"    a per-thread attribute of a process: data pid/start/attr/threads{tid: value}
 #: "proc_cgroup" the cgroup of a whole process: data pid/start/cgroup
 #: "file"      a whole file gputuned owns (e.g. a grub drop-in); absent before
-KINDS = ("sysfs", "pcie", "cgroup", "controller", "thread", "proc_cgroup", "file")
+#: "mount"     the super options of the mount at ``path`` (a remount): data fstype; compared
+#:             as a set of options ("options"), since the kernel prints them in its own order
+KINDS = ("sysfs", "pcie", "cgroup", "controller", "thread", "proc_cgroup", "file", "mount")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Change:
     report_only: bool = False  # listed, never applied (the tuner's report_only switch)
     key: str = ""  # identity of the setting across plans and in the journal
     kind: str = "sysfs"
-    compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition
+    compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition; mount: options
     data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     in_sync: bool = False
 

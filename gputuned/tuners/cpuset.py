@@ -19,7 +19,7 @@ Modes:
   stay where they are put, so processes moved in should have `spread_threads = true`.
 - `"affinity"`: no cgroup; matched processes are only pinned with per-thread affinity. Other
   work can still run on those CPUs.
-- `"none"`: this tuner does nothing.
+- `"none"`: no partition and no pinning (`favordynmods` still applies).
 
 CPUs given to a partition leave every other cgroup's effective set at once, so other work is
 evicted without touching its cgroups (seen on the measurement host: a neighbour's CPUs became
@@ -30,6 +30,20 @@ A partition suppresses no timer ticks, offloads no RCU callbacks and moves no IR
 for interrupts and `[bootargs]` (`nohz_full`, `rcu_nocbs`, `irqaffinity`) for the rest.
 
 Processes get into the partition through `[[process]]` rules with `move_to_partition = true`.
+
+`favordynmods = true` remounts the cgroup v2 hierarchy with that option added
+(Documentation/admin-guide/cgroup-v2.rst, "favordynmods", Linux 6.0+). Moving a process writes
+its PID to `cgroup.procs`, which takes the kernel's cgroup_threadgroup_rwsem for writing; without
+the option that write waits for an RCU grace period. On the measurement host (Linux 6.18) a move
+took 7.9 ms median (11.9 ms at most) as mounted and 0.33 ms (0.6 ms at most) with
+`favordynmods`, and the move was most of the daemon's time from a server's exec to its
+placement. The price: forks and exits, everywhere on the host, take the slower path of that lock.
+Every other option of the mount (`nsdelegate`, `memory_recursiveprot`, its `nosuid`, ...) is
+kept; revert remounts with the original options, which puts them back exactly. It applies in
+any mode: it speeds up every move between cgroups, not only those into the partition. Where no
+cgroup v2 hierarchy is mounted, or the kernel does not know the option, it is reported as not
+possible here. A remount changes the hierarchy's options for the whole host, and only from the
+initial cgroup namespace (kernel/cgroup/cgroup.c apply_cgroup_root_flags()).
 """
 
 from __future__ import annotations
@@ -47,12 +61,16 @@ from pydantic import (
     field_validator,
 )
 
+from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host import Host
+from gputuned.host import Host, mounts
 from gputuned.host.system import Partition, valid_partitions
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
+_CGROUP_NS = "/proc/self/ns/cgroup"
+#: The initial cgroup namespace's inode is fixed: PROC_CGROUP_INIT_INO (include/linux/proc_ns.h).
+_INIT_CGROUP_NS = "cgroup:[4026531835]"
 
 
 class Config(BaseModel):
@@ -77,6 +95,16 @@ class Config(BaseModel):
         description=(
             "cgroup created for the partition, relative to the cgroup v2 mount; "
             "no leading '/', no '..'."
+        ),
+    )
+    favordynmods: StrictBool = Field(
+        default=False,
+        description=(
+            "Remount the cgroup v2 hierarchy with 'favordynmods' (Linux 6.0+), so that moving a "
+            "process between cgroups does not wait for an RCU grace period: 7.9 ms median "
+            "(11.9 max) per move became 0.33 ms (0.6 max) on the measurement host. Forks and "
+            "exits get slower in exchange, host-wide. Every other mount option is kept and "
+            "revert remounts with the original ones. Applies in any mode."
         ),
     )
     report_only: StrictBool = Field(
@@ -114,6 +142,8 @@ class CpusetTuner:
         out = TunerPlan()
         if cfg is None:
             return out
+        if cfg.favordynmods:
+            _plan_favordynmods(ctx, cfg, out)
         if cfg.mode == "none" or cfg.cpus is None:
             return out
         cpus = ctx.sets.sets[cfg.cpus]
@@ -222,6 +252,60 @@ class CpusetTuner:
                     in_sync=same,
                 )
             )
+
+
+def _plan_favordynmods(ctx: PlanContext, cfg: Config, out: TunerPlan) -> None:
+    """The cgroup2 mount's super options with favordynmods added (a remount; see the module)."""
+    point = ctx.cgroup.v2_mount
+    target = f"cgroup2 mount options ({point or 'not mounted'})"
+    try:
+        if point is None:
+            raise errors.NotSupported(
+                f"no cgroup v2 hierarchy is mounted (cgroup mode: {ctx.cgroup.mode})"
+            )
+        mount = mounts.find(ctx.host, point, "cgroup2")
+        wanted = mounts.with_option(mount.super_options, "favordynmods")
+        if wanted != mount.super_options:
+            _check_remount(ctx.host, mount, wanted)
+    except errors.HostError as exc:
+        out.refused.append(Refusal(CpusetTuner.name, target, f"not possible here: {exc}"))
+        return
+    out.changes.append(
+        Change(
+            CpusetTuner.name,
+            target,
+            mount.super_options,
+            wanted,
+            "moving a process between cgroups stops waiting for an RCU grace period "
+            "(cpuset.favordynmods; forks and exits get slower)",
+            point,
+            cfg.report_only,
+            kind="mount",
+            compare="options",
+            data={"fstype": "cgroup2"},
+            in_sync=wanted == mount.super_options,
+        )
+    )
+
+
+def _check_remount(host: Host, mount: mounts.Mount, wanted: str) -> None:
+    """NotSupported where remounting ``mount`` with ``wanted`` cannot work on this host."""
+    features = host.read_optional(mounts.CGROUP_FEATURES)
+    if features is not None and "favordynmods" not in features.split():
+        raise errors.NotSupported(
+            f"this kernel has no favordynmods (Linux 6.0+; {mounts.CGROUP_FEATURES} does not "
+            "list it)"
+        )
+    try:
+        ns = host.readlink(_CGROUP_NS)
+    except errors.HostError:  # a tree without it, or a kernel without cgroup namespaces
+        ns = _INIT_CGROUP_NS
+    if ns != _INIT_CGROUP_NS:
+        raise errors.NotSupported(
+            f"gputuned runs in a cgroup namespace of its own ({ns}); the kernel takes cgroup2 "
+            "mount options only from the initial one (apply_cgroup_root_flags())"
+        )
+    mounts.remount_call(mount, wanted)  # refuses a mount that one remount cannot keep as it is
 
 
 def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:

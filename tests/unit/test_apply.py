@@ -71,7 +71,7 @@ def full_profile(**over: Any) -> Profile:
             "housekeeping": {"cpus": "0"},
             "inference": {"gpu_local": 0, "exclude": ["housekeeping"], "count": 4},
         },
-        "cpuset": {"mode": "isolated", "cpus": "inference"},
+        "cpuset": {"mode": "isolated", "cpus": "inference", "favordynmods": True},
         "irq": {
             "gpu_cpus": "inference",
             "others_cpus": "housekeeping",
