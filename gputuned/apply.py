@@ -110,6 +110,9 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
         return f"the device keeps this register field read-only: {exc}"
     if op.kind == "policy" and isinstance(exc, errors.PermissionDenied):
         return str(exc)
+    if op.kind == "mount" and code == E.EINVAL:
+        # fs_parse() refuses an option the kernel does not know (favordynmods: Linux 6.0+).
+        return f"the kernel does not know one of these mount options (EINVAL): {exc}"
     if op.path.endswith("/pcie_aspm/parameters/policy") and code == E.EPERM:
         return "firmware owns ASPM: the kernel refuses policy writes (EPERM)"
     return None

@@ -233,11 +233,6 @@ def test_a_refused_remount_fails_and_rolls_back(tmp_path: Path) -> None:
     assert Journal(Host(root)).entries() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the 'mount' EINVAL case in apply._not_possible_reason (gputuned/apply.py is "
-    "another engineer's file; the lines are in the commit message)",
-)
 def test_einval_from_the_kernel_is_not_possible_here(tmp_path: Path) -> None:
     """An option the kernel does not know (favordynmods before 6.0) is refused with EINVAL."""
     root = tree_copy("h200-captured", tmp_path)
