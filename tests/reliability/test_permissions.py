@@ -325,11 +325,11 @@ def test_daemon_reload_of_a_profile_made_world_writable_keeps_the_old_one(tmp_pa
     d = Daemon(Host(root), profile_path=prof)
     d.start()
     try:
-        prof.write_text(prof.read_text().replace("count = 4", "count = 6"))
+        prof.write_text(prof.read_text().replace("count = 8", "count = 6"))
         prof.chmod(0o666)
         d._on_hup(signal.SIGHUP)
         assert d.counters["reloads"] == 0, "the reload was refused"
-        assert (root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus").read_text() == "1-4\n"
+        assert (root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus").read_text() == "1-8\n"
     finally:
         d.stop()
     assert digest(root) == before

@@ -128,11 +128,11 @@ def test_apply_h200_places_everything_and_verifies(tmp_path: Path) -> None:
         "irq 33 (virtio1-req.0)",
     }
     assert (root / "proc/irq/42/smp_affinity_list").read_text() == "1\n"
-    assert (root / "proc/irq/49/smp_affinity_list").read_text() == "4\n"
+    assert (root / "proc/irq/49/smp_affinity_list").read_text() == "8\n"
     assert (root / "proc/irq/default_smp_affinity").read_text() == "0001\n"
     cg = root / "sys/fs/cgroup/gputuned.inference"
     assert (cg / "cpuset.cpus.partition").read_text().strip() == "root"
-    assert (cg / "cpuset.cpus").read_text().strip() == "1-4"
+    assert (cg / "cpuset.cpus").read_text().strip() == "1-8"
     assert "0::/gputuned.inference" in (root / f"proc/{SERVER_PID}/cgroup").read_text()
     for tid in range(SERVER_PID, SERVER_PID + 4):
         stat = (root / f"proc/{SERVER_PID}/task/{tid}/stat").read_text()
@@ -379,14 +379,14 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
     tmp_path: Path,
 ) -> None:
     """A process that starts while the partition exists has the CPUs the partition left it
-    (0,5-15 here), though it never chose them; its original is "what its cgroup allows",
+    (0,9-15 here), though it never chose them; its original is "what its cgroup allows",
     looked up through ancestors when its own cgroup has no cpuset files (seen on the H200
     host: /process_api/<id> without the cpuset controller)."""
     import json as _json
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     prof = load_profile(PROFILES / "shared-host.toml")
-    apply_profile(Host(root), prof)  # the partition 1-4 exists before the server starts
+    apply_profile(Host(root), prof)  # the partition 1-8 exists before the server starts
     add_process(
         root,
         SERVER_PID,
@@ -395,7 +395,7 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
         exe="/usr/bin/python3.11",
         start_time=123456,
         threads=[SERVER_PID + 1],
-        cpus="0,5-15",
+        cpus="0,9-15",
     )
     assert not (root / "sys/fs/cgroup/user.slice/user-0.slice/cpuset.cpus.effective").exists()
     apply_profile(Host(root), prof)

@@ -22,7 +22,7 @@ from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
 
 CG = "/sys/fs/cgroup"
 NEIGHBOUR = f"{CG}/f1-neighbour"
-SHARED = PROFILES / "shared-host.toml"  # partition 1-4 on h200-captured
+SHARED = PROFILES / "shared-host.toml"  # partition 1-8 on h200-captured
 
 
 def neighbour(root: Path, cpus: str, mode: str = "root", *, exclusive: bool = True) -> None:
@@ -53,7 +53,7 @@ def test_plan_refuses_cpus_another_partition_holds_and_apply_writes_nothing(
         plan_profile(Host(root), profile)
     msg = str(info.value)
     assert msg.startswith("profile 'shared-host' cannot be applied on this host; nothing was")
-    assert "CPUs 1-2 of set 'inference' (1-4) are held by another valid partition: " in msg
+    assert "CPUs 1-2 of set 'inference' (1-8) are held by another valid partition: " in msg
     assert f"{NEIGHBOUR} (root, holds 1-2)" in msg
     assert "Give [cpusets.inference] other CPUs (leave out 1-2)" in msg
     assert f"echo member > {NEIGHBOUR}/cpuset.cpus.partition" in msg
@@ -83,7 +83,7 @@ def test_partitions_that_do_not_count(tmp_path: Path) -> None:
     """Other CPUs, an invalid partition, our own partition, a report-only cpuset."""
     profile = load_profile(SHARED)
     root = tree_copy("h200-captured", tmp_path / "a")
-    neighbour(root, "5-6")  # none of 1-4
+    neighbour(root, "9-10")  # none of 1-8
     assert plan_profile(Host(root), profile).blocked == []
 
     root = tree_copy("h200-captured", tmp_path / "b")
@@ -92,7 +92,7 @@ def test_partitions_that_do_not_count(tmp_path: Path) -> None:
     assert plan_profile(Host(root), profile).blocked == []  # an invalid partition holds nothing
 
     root = tree_copy("h200-captured", tmp_path / "c")
-    apply_profile(Host(root), profile)  # ours now holds 1-4: re-planning is not blocked by it
+    apply_profile(Host(root), profile)  # ours now holds 1-8: re-planning is not blocked by it
     assert plan_profile(Host(root), profile).blocked == []
     assert revert_all(Host(root)).failed == []
 

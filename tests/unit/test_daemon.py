@@ -50,7 +50,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
 
 
 def profile_file(tmp_path: Path, count: int = 4) -> Path:
-    text = (PROFILES / "shared-host.toml").read_text().replace("count = 4", f"count = {count}")
+    text = (PROFILES / "shared-host.toml").read_text().replace("count = 8", f"count = {count}")
     p = tmp_path / "prof.toml"
     p.write_text(text)
     return p

@@ -156,15 +156,15 @@ def test_plan_writes_nothing_on_any_tree(tree: str, profile: str, tmp_path: Path
 
 def test_plan_h200_shared_host() -> None:
     result = _plan("h200-captured", "shared-host.toml")
-    assert result.sets == {"housekeeping": "0", "inference": "1-4"}
+    assert result.sets == {"housekeeping": "0", "inference": "1-8"}
     got = {(c.tuner, c.target): (c.current, c.wanted) for c in result.changes}
     gpu_irqs = {k: v for k, v in got.items() if k[1].endswith("(nvidia)")}
     assert gpu_irqs == {
-        ("irq", f"irq {n} (nvidia)"): ("0-15", str(1 + (n - 42) % 4)) for n in range(42, 50)
+        ("irq", f"irq {n} (nvidia)"): ("0-15", str(1 + (n - 42) % 8)) for n in range(42, 50)
     }
     assert got[("irq", "default_smp_affinity")] == ("ffff", "0001")
-    assert got[("cpuset", "gputuned.inference cpuset.cpus")] == ("-", "1-4")
-    assert got[("cpuset", "gputuned.inference cpuset.cpus.exclusive")] == ("-", "1-4")
+    assert got[("cpuset", "gputuned.inference cpuset.cpus")] == ("-", "1-8")
+    assert got[("cpuset", "gputuned.inference cpuset.cpus.exclusive")] == ("-", "1-8")
     assert got[("cpuset", "gputuned.inference cpuset.cpus.partition")] == ("-", "root")
     assert got[("cpuset", "cgroup gputuned.inference")] == ("absent", "present")
     refused = {(r.tuner, r.target): r.reason for r in result.refused}

@@ -755,7 +755,7 @@ def test_shipped_server_rule_matches_servers_but_not_gputuned(cmdline: str, matc
 
 def test_shipped_profiles_on_the_16_cpu_gpu_host() -> None:
     expected = {
-        "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-4")},
+        "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-8")},
         "dedicated-inference": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
         "latency-critical": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
     }
@@ -766,7 +766,7 @@ def test_shipped_profiles_on_the_16_cpu_gpu_host() -> None:
 
 def test_shipped_profiles_on_the_64_cpu_two_node_host() -> None:
     shared = resolve_cpusets(load_profile(PROFILES / "shared-host.toml"), HOST64)
-    assert shared.sets == {"housekeeping": cpus("0"), "inference": cpus("1-4")}
+    assert shared.sets == {"housekeeping": cpus("0"), "inference": cpus("1-8")}
     for name in SHIPPED[1:]:
         resolved = resolve_cpusets(load_profile(PROFILES / f"{name}.toml"), HOST64)
         assert resolved.sets["inference"] == cpus("2-15,32-47")
@@ -779,7 +779,7 @@ def test_shared_host_on_two_cpus_without_gpu_falls_back_and_says_so() -> None:
         sets={"housekeeping": cpus("0"), "inference": cpus("1")},
         notes=[
             "cpusets.inference: no GPU 0 on this host; using all online CPUs",
-            "cpusets.inference: count = 4, but only 1 CPU is left (1); using what there is",
+            "cpusets.inference: count = 8, but only 1 CPU is left (1); using what there is",
         ],
         refused=[],
     )
