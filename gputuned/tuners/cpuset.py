@@ -40,7 +40,10 @@ took 7.9 ms median (11.9 ms at most) as mounted and 0.33 ms (0.6 ms at most) wit
 placement. The price: forks and exits, everywhere on the host, take the slower path of that lock.
 Every other option of the mount (`nsdelegate`, `memory_recursiveprot`, its `nosuid`, ...) is
 kept; revert remounts with the original options, which puts them back exactly. It applies in
-any mode: it speeds up every move between cgroups, not only those into the partition. Where no
+mode "none" too (it speeds up every move between cgroups, not only those into the partition),
+but not where the profile's partition cannot be made (a cgroup v1/v2 hybrid host: gputuned then
+pins threads instead and moves nothing in the v2 hierarchy, so the remount would only make
+forks and exits slower) or in mode "affinity"; the plan says so in a note. Where no
 cgroup v2 hierarchy is mounted, or the kernel does not know the option, it is reported as not
 possible here. A remount changes the hierarchy's options for the whole host, and only from the
 initial cgroup namespace (kernel/cgroup/cgroup.c apply_cgroup_root_flags()).
@@ -143,7 +146,14 @@ class CpusetTuner:
         if cfg is None:
             return out
         if cfg.favordynmods:
-            _plan_favordynmods(ctx, cfg, out)
+            if _moves_nothing(ctx, cfg):
+                out.notes.append(
+                    "cpuset.favordynmods: not planned: this profile moves no process between "
+                    "cgroup v2 groups here (mode 'affinity', or its partition falls back to "
+                    "per-thread affinity), so the remount would only make forks and exits slower"
+                )
+            else:
+                _plan_favordynmods(ctx, cfg, out)
         if cfg.mode == "none" or cfg.cpus is None:
             return out
         cpus = ctx.sets.sets[cfg.cpus]
@@ -252,6 +262,16 @@ class CpusetTuner:
                     in_sync=same,
                 )
             )
+
+
+def _moves_nothing(ctx: PlanContext, cfg: Config) -> bool:
+    """No move into a gputuned cgroup will happen: mode "affinity", or a partition mode on a
+    host that cannot make the partition (gputuned falls back to pinning threads)."""
+    if cfg.mode == "affinity":
+        return True
+    if cfg.mode == "none" or cfg.cpus is None:
+        return False
+    return not ctx.cgroup.partitions_possible or ctx.cgroup.v2_mount is None
 
 
 def _plan_favordynmods(ctx: PlanContext, cfg: Config, out: TunerPlan) -> None:
