@@ -5,8 +5,8 @@ Writing a PID to ``cgroup.procs`` write-locks the kernel's cgroup_threadgroup_rw
 cgroup2 hierarchy is mounted with ``favordynmods``, that lock waits for an RCU grace period
 (Documentation/admin-guide/cgroup-v2.rst, "favordynmods"), which on some hosts is most of the
 time from a server's exec to its placement. This probe moves a sleeping child back and forth
-``--moves`` times (``--gap`` apart) as the hierarchy is mounted, then (``--try-favordynmods``) remounts it with
-``favordynmods`` added, measures again and remounts it with its original options, checking
+``--moves`` times (``--gap`` apart) as the hierarchy is mounted, then
+(``--try-favordynmods``) remounts it with ``favordynmods`` added (gputuned's own remount), measures again and remounts it with its original options, checking
 they are back.
 
     python3 benchmarks/cgroup_move.py [--moves 40] [--try-favordynmods] [--json FILE]
@@ -23,27 +23,23 @@ import sys
 import time
 from pathlib import Path
 
+from gputuned.host import Host
+from gputuned.host.mounts import find
+from gputuned.host.proc import read_process
+from gputuned.host.system import read_cgroup_layout
 
-def cgroup2() -> tuple[Path, str]:
-    """Where the cgroup2 hierarchy is mounted, and its super block options."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        pre, _, post = line.partition(" - ")
-        if post.startswith("cgroup2 "):
-            return Path(pre.split()[4]), post.split()[2]
-    raise SystemExit("no cgroup2 hierarchy mounted")
+HOST = Host(Path("/"))
 
 
-ROOT = cgroup2()[0]
+def cgroup2_point() -> str:
+    point = read_cgroup_layout(HOST).v2_mount
+    if point is None:
+        raise SystemExit("no cgroup2 hierarchy mounted")
+    return point
 
 
-def super_options() -> str:
-    return cgroup2()[1]
-
-
-def remount(opts: str) -> None:
-    subprocess.run(
-        ["mount", "-t", "cgroup2", "-o", f"remount,{opts}", "none", str(ROOT)], check=True
-    )
+def super_options(point: str) -> str:
+    return find(HOST, point, "cgroup2").super_options
 
 
 def moves(pid: int, there: Path, back: Path, n: int, gap: float) -> list[float]:
@@ -72,27 +68,27 @@ def main() -> int:
     ap.add_argument("--try-favordynmods", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    orig = super_options()
+    point = cgroup2_point()
+    root = Path(point)
+    orig = super_options(point)
     child = subprocess.Popen(["sleep", "120"])
-    home = ROOT / Path(f"/proc/{child.pid}/cgroup").read_text().split("::", 1)[1].strip().lstrip(
-        "/"
-    )
-    probe = ROOT / f"gputuned-move-probe-{os.getpid()}"
+    home = root / read_process(HOST, child.pid, threads=False).cgroup.lstrip("/")
+    probe = root / f"gputuned-move-probe-{os.getpid()}"
     probe.mkdir()
     result: dict[str, object] = {"mount_options": orig}
     try:
         result["as_mounted"] = summary(moves(child.pid, probe, home, args.moves, args.gap))
         print(f"mounted {orig}: move {result['as_mounted']}")
         if args.try_favordynmods and "favordynmods" not in orig.split(","):
-            remount(f"{orig},favordynmods")
+            HOST.remount(point, "cgroup2", f"{orig},favordynmods")
             try:
                 result["favordynmods"] = summary(
                     moves(child.pid, probe, home, args.moves, args.gap)
                 )
                 print(f"with favordynmods: move {result['favordynmods']}")
             finally:
-                remount(orig)
-            result["options_after"] = super_options()
+                HOST.remount(point, "cgroup2", orig)
+            result["options_after"] = super_options(point)
             print(f"options back: {result['options_after'] == orig} ({result['options_after']})")
     finally:
         (home / "cgroup.procs").write_text(str(child.pid))

@@ -17,6 +17,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import time
 from typing import Any
 
@@ -70,15 +71,15 @@ def main() -> int:
     for c in others:
         x = measure(args.cpu, [c], args.seconds)
         alone.append(measure(args.cpu, [], args.seconds))
-        per[c] = x / statistics_mean(alone[-2:])
+        per[c] = x / statistics.fmean(alone[-2:])
     # Busy CPUs counted from the far end of the list: 1, 3, 7, 11, ... others.
     by_count: dict[int, float] = {}
     for n in sorted({1, 3, 7, 11, len(others)} & set(range(1, len(others) + 1))):
         x = measure(args.cpu, others[-n:], args.seconds)
         alone.append(measure(args.cpu, [], args.seconds))
-        by_count[n] = x / statistics_mean(alone[-2:])
+        by_count[n] = x / statistics.fmean(alone[-2:])
     print(
-        f"CPU {args.cpu} alone: {statistics_mean(alone):,.0f} loops/s "
+        f"CPU {args.cpu} alone: {statistics.fmean(alone):,.0f} loops/s "
         f"(min {min(alone):,.0f}, max {max(alone):,.0f} over {len(alone)} measurements)"
     )
     for c, x in per.items():
@@ -90,10 +91,6 @@ def main() -> int:
             json.dump({"cpu": args.cpu, "alone": alone, "one_busy_x": per,
                        "n_busy_x": by_count}, f, indent=1)  # fmt: skip
     return 0
-
-
-def statistics_mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
 
 
 if __name__ == "__main__":

@@ -870,16 +870,16 @@ def steal_ticks() -> dict[int, int]:
 
 
 def _allowed_cpus(pid: int) -> list[int]:
-    from gputuned.cpulist import parse_cpulist
+    """The CPUs the worker's main thread may run on ([] once it is gone)."""
+    from gputuned import errors
+    from gputuned.host import Host
+    from gputuned.host.proc import read_process
 
     try:
-        with Path(f"/proc/{pid}/status").open() as f:
-            for line in f:
-                if line.startswith("Cpus_allowed_list:"):
-                    return sorted(parse_cpulist(line.split(":", 1)[1].strip()))
-    except OSError:
-        pass
-    return []
+        threads = read_process(Host(Path("/")), pid).threads
+    except errors.GputunedError:
+        return []
+    return sorted(next((t.affinity for t in threads if t.tid == pid), frozenset()))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

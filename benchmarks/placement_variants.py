@@ -56,14 +56,17 @@ def gputunectl(*argv: str) -> None:
 
 
 def threads(pid: int) -> list[int]:
-    return sorted(int(t.name) for t in Path(f"/proc/{pid}/task").iterdir())
+    from gputuned.host import Host
+    from gputuned.host.proc import read_process
+
+    return [t.tid for t in read_process(Host(Path("/")), pid).threads]
 
 
 def cgroup_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    raise RuntimeError("no cgroup v2 line")
+    from gputuned.host import Host
+    from gputuned.host.proc import read_process
+
+    return read_process(Host(Path("/")), pid, threads=False).cgroup
 
 
 class Variants:
