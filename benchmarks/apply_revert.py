@@ -1,10 +1,16 @@
 """Time a full-profile apply and revert, N rounds, and print the figures.
 
     python3 benchmarks/apply_revert.py PROFILE [--root DIR] [--rounds N] [--json FILE]
+                                       [--gap S] [--breakdown]
 
 On the live host (no --root) this really applies and reverts the profile N times: run it as
 root on a machine you may tune. With --root it works on a copy of that tree. Goal from the
 engine issue: apply and revert each <= 50 ms for the full profile.
+
+--breakdown also times where an apply's time goes: the lock, the state-file check, the plan
+(reading the host), journaling each old value (append + fsync), each write with its read-back
+(named by tuner and kind: the IRQ writes, the cgroup writes, the remount), the leftovers
+pass, journal compaction and the state record. Median ms per round, largest first.
 """
 
 from __future__ import annotations
@@ -16,11 +22,81 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+import gputuned.apply as apply_mod
+import gputuned.engine as engine_mod
 from gputuned.apply import apply_profile, revert_all
 from gputuned.host import Host
+from gputuned.journal import Journal
 from gputuned.profile import load_profile
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Breakdown:
+    """Wraps apply's phases (module functions) and sums their time per round."""
+
+    PHASES = (
+        "check_state_files",
+        "plan_profile",
+        "_prepare",
+        "_commit",
+        "_restore_leftovers",
+        "_record",
+    )
+
+    # What plan_profile reads, shown as "plan: ..." lines inside its total.
+    PLAN_READS = (
+        "snapshot",
+        "read_host_cpus",
+        "read_interrupts",
+        "read_default_affinity",
+        "read_cgroup_layout",
+        "iter_processes",
+    )
+
+    def __init__(self) -> None:
+        self.round: defaultdict[str, float] = defaultdict(float)
+        self.rounds: list[dict[str, float]] = []
+        for name in self.PHASES:
+            setattr(apply_mod, name, self._timed(name, getattr(apply_mod, name)))
+        for name in self.PLAN_READS:
+            setattr(engine_mod, name, self._timed(f"plan: {name}", getattr(engine_mod, name)))
+        Journal.compact = self._timed("journal.compact", Journal.compact)  # type: ignore[method-assign]
+
+    def _timed(self, name: str, fn: F) -> F:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ms = (time.perf_counter() - t0) * 1000
+                label = name
+                if name in ("_prepare", "_commit"):
+                    op = args[2]
+                    what = "journal" if name == "_prepare" else "write+read-back"
+                    label = f"{what}: {op.tuner} {op.kind}"
+                self.round[label] += ms
+
+        return wrapper  # type: ignore[return-value]
+
+    def end_round(self, total_ms: float) -> None:
+        self.round["(total)"] = total_ms
+        self.rounds.append(dict(self.round))
+        self.round.clear()
+
+    def summary(self) -> dict[str, float]:
+        labels = {k for r in self.rounds for k in r}
+        med = {k: statistics.median(r.get(k, 0.0) for r in self.rounds) for k in labels}
+        named = sum(v for k, v in med.items() if k != "(total)" and not k.startswith("plan: "))
+        med["(not in a phase above)"] = max(0.0, med["(total)"] - named)
+        reads = sum(v for k, v in med.items() if k.startswith("plan: "))
+        med["plan: the tuners (no reads above)"] = max(0.0, med.get("plan_profile", 0.0) - reads)
+        return {k: round(v, 2) for k, v in sorted(med.items(), key=lambda kv: -kv[1])}
 
 
 def main() -> int:
@@ -36,7 +112,11 @@ def main() -> int:
         help="seconds of pause before each apply and revert: back to back, a remount that "
         "switches cgroup2's favordynmods on can skip the grace period a lone one waits for",
     )
+    ap.add_argument(
+        "--breakdown", action="store_true", help="also time each phase and kind of write"
+    )
     args = ap.parse_args()
+    breakdown = Breakdown() if args.breakdown else None
     profile = load_profile(args.profile)
     work = None
     if args.root:
@@ -50,6 +130,8 @@ def main() -> int:
         t0 = time.perf_counter()
         _plan, report = apply_profile(host, profile)
         applied = time.perf_counter() - t0
+        if breakdown:
+            breakdown.end_round(applied * 1000)
         time.sleep(args.gap)
         t1 = time.perf_counter()
         rev = revert_all(Host(root))
@@ -86,6 +168,11 @@ def main() -> int:
         f"{result['apply']['max_ms']}); revert median {result['revert']['median_ms']} ms (p90 "
         f"{result['revert']['p90_ms']}, max {result['revert']['max_ms']}); {args.rounds} rounds"
     )
+    if breakdown:
+        result["apply_breakdown_median_ms"] = breakdown.summary()
+        print("where an apply's time goes (median ms per round):")
+        for label, ms in result["apply_breakdown_median_ms"].items():
+            print(f"  {ms:8.2f}  {'  ' if label.startswith('plan: ') else ''}{label}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
