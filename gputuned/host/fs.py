@@ -167,7 +167,11 @@ class Host:
 
     def read_bytes(self, hpath: str, offset: int = 0, size: int = -1) -> bytes:
         self._check_fault("read", hpath)
-        with self._translate("read", hpath), open(self.real(hpath), "rb") as f:
+        # Unbuffered: a buffered read of a few bytes asks the kernel for a whole buffer, and
+        # for a sysfs ``config`` file that is all 4 KiB of config space, a config cycle per
+        # dword: 20 ms for the H200 behind passthrough (benchmarks/config_read.py), where
+        # the 256 bytes asked for take 0.9 ms.
+        with self._translate("read", hpath), open(self.real(hpath), "rb", buffering=0) as f:
             if offset:
                 f.seek(offset)
             return f.read(size)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
 from gputuned.host.fs import Host
-from gputuned.host.pciconfig import ConfigSpace, parse_config
+from gputuned.host.pciconfig import ConfigSpace, parse_config, read_registers
 
 DEVICES = "/sys/bus/pci/devices"
 ASPM_POLICY = "/sys/module/pcie_aspm/parameters/policy"
@@ -157,10 +157,11 @@ def _is_gpu_by_attrs(host: Host, sysfs: str) -> bool:
 
 def _read_device(host: Host, bdf: str) -> PciDevice:
     sysfs = host.resolve(f"{DEVICES}/{bdf}")
-    # The first 256 bytes hold every register gputuned reads (the PCIe capability lives in
-    # the standard space). Reading all 4096 costs a config cycle per dword, which under PCIe
-    # passthrough traps to the hypervisor: on the H200 VM it dominated plan time.
-    config = parse_config(host.read_bytes(f"{sysfs}/config", 0, 256))
+    # Only the registers gputuned decodes, all in the standard 256 bytes: each dword read is a
+    # config cycle, which under PCIe passthrough traps to the hypervisor (read_registers).
+    config = parse_config(
+        read_registers(lambda off, size: host.read_bytes(f"{sysfs}/config", off, size))
+    )
     parts = sysfs.split("/")
     parent = parts[-2] if len(parts) >= 2 and _BDF.match(parts[-2]) else None
     numa_raw = host.read_optional(f"{sysfs}/numa_node")

@@ -8,14 +8,16 @@ the topology walk changes what it reports, these tables say so.
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from gputuned.host.fs import Fault, Host
 from gputuned.host.pci import ASPM_POLICY, read_aspm_policy, read_cmdline, scan
+from gputuned.host.pciconfig import CAP_EXP, parse_config, read_registers
 from tests.conftest import ALL_TREES
 
 HOSTS = Path(__file__).resolve().parents[1] / "data" / "hosts"
@@ -488,3 +490,89 @@ def test_write_errors_recorded(tree: str) -> None:
     assert set(host(tree).faults) == {
         Fault(p, "write", errno.EPERM, recorded=True) for p in WRITE_ERRORS[tree]
     }
+
+
+def _configs() -> list[tuple[str, Path]]:
+    return sorted(
+        (tree, p)
+        for tree in sorted(ALL_TREES)
+        for p in (HOSTS / tree / "sys" / "devices").rglob("config")
+    )
+
+
+@pytest.mark.parametrize(("tree", "path"), _configs(), ids=lambda v: str(v)[-22:])
+def test_read_registers_decodes_as_the_whole_space(tree: str, path: Path) -> None:
+    """The sparse read decodes exactly what the first 256 bytes decode, in fewer reads."""
+    whole = path.read_bytes()[:256]
+    spans: list[tuple[int, int]] = []
+
+    def read(off: int, size: int) -> bytes:
+        spans.append((off, size))
+        return whole[off : off + size]
+
+    full = parse_config(whole)
+    sparse = parse_config(read_registers(read))
+    assert replace(sparse, raw=b"") == replace(full, raw=b""), f"{tree} {path}"
+    read_bytes = sum(size for _off, size in spans)
+    # header (16 + 4 bytes), 4 per capability, 16 more for the PCIe capability
+    assert read_bytes == 20 + 4 * len(full.caps) + (16 if full.pcie else 0)
+    assert read_bytes < 256
+
+
+def test_read_registers_h200_gpu_reads_13_dwords() -> None:
+    """The H200 of the lent VM: 13 config dwords instead of 64 (each one traps there)."""
+    raw = next((HOSTS / "h200-vm" / "sys" / "devices").rglob("0000:00:06.0/config")).read_bytes()
+    spans: list[tuple[int, int]] = []
+
+    def read(off: int, size: int) -> bytes:
+        spans.append((off, size))
+        return raw[off : off + size]
+
+    cfg = parse_config(read_registers(read))
+    assert cfg.pcie is not None and cfg.pcie.mps_supported == 256
+    assert sum(size for _off, size in spans) // 4 == 13
+    assert all(off % 4 == 0 and size % 4 == 0 for off, size in spans)
+
+
+def test_read_registers_short_spaces() -> None:
+    """A 64-byte space (the header only) has no capabilities; a shorter one is refused."""
+    raw = next((HOSTS / "h200-vm" / "sys" / "devices").rglob("0000:00:06.0/config")).read_bytes()
+    header = raw[:64]
+    assert header[0x06] & 0x10 and header[0x34] >= 0x40  # it does point at a capability list
+    cfg = parse_config(read_registers(lambda off, size: header[off : off + size]))
+    assert cfg.caps == () and cfg.pcie is None and cfg.vendor == 0x10DE
+    with pytest.raises(ValueError, match="config space is 12 bytes"):
+        parse_config(read_registers(lambda off, size: raw[:12][off : off + size]))
+
+
+def test_read_registers_stops_on_a_capability_loop() -> None:
+    raw = bytearray(256)
+    raw[0x06] = 0x10
+    raw[0x34] = 0x40
+    raw[0x40:0x42] = bytes([CAP_EXP, 0x50])
+    raw[0x50:0x52] = bytes([0x05, 0x40])  # MSI, pointing back at the first
+    spans: list[int] = []
+
+    def read(off: int, size: int) -> bytes:
+        spans.append(off)
+        return bytes(raw[off : off + size])
+
+    cfg = parse_config(read_registers(read))
+    assert [c for c, _ in cfg.caps] == [CAP_EXP, 0x05] and cfg.msi_present
+    assert spans.count(0x40) == 1 and spans.count(0x50) == 1
+
+
+def test_read_bytes_asks_the_kernel_for_the_size_given(tmp_path: Path) -> None:
+    """A buffered read of 4 bytes would ask for a whole buffer: for a sysfs config file that
+    is all 4 KiB of config space (20 ms for the H200 behind passthrough). A pipe shows what
+    was asked for: the bytes not asked for must still be in it."""
+    fifo = tmp_path / "config"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR)  # a writer that stays, so opening for read does not block
+    try:
+        os.write(fd, bytes(range(16)))
+        assert Host(tmp_path).read_bytes("/config", 0, 4) == bytes(range(4))
+        os.set_blocking(fd, False)
+        assert os.read(fd, 64) == bytes(range(4, 16))
+    finally:
+        os.close(fd)
