@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -234,6 +235,18 @@ def write(host: Host, op: Op, value: str) -> None:
         host.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
     else:
         raise ValueError(f"unknown op kind {k!r}")
+
+
+def start_write(host: Host, op: Op, value: str) -> Callable[[], None]:
+    """:func:`write`, started: returns the function that finishes it (raising its error).
+
+    A remount runs in a thread (see :meth:`Host.start_remount`); every other kind is written
+    at once and the function returned does nothing.
+    """
+    if op.kind == "mount":
+        return host.start_remount(op.path, op.data["fstype"], value)
+    write(host, op, value)
+    return lambda: None
 
 
 def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tuple[bool, str]:

@@ -12,11 +12,12 @@ import errno as E
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputuned import errors
-from gputuned.actions import Op, Reused, expand, holds, read_old, write
+from gputuned.actions import Op, Reused, expand, holds, read_old, start_write, write
 from gputuned.changes import Change
 from gputuned.engine import PlanResult, plan_profile
 from gputuned.host import Host
@@ -138,10 +139,21 @@ def _prepare(
     return old, journal.save(op, old, defer=defer)
 
 
-def _commit(host: Host, journal: Journal, op: Op, old: str, new_entry: bool) -> None:
-    """Write ``op`` (its old value already durable in the journal) and read it back."""
+def _commit(
+    host: Host,
+    journal: Journal,
+    op: Op,
+    old: str,
+    new_entry: bool,
+    started: Callable[[], None] | None = None,
+) -> None:
+    """Write ``op`` (its old value already durable in the journal) and read it back.
+    ``started``: the write was started already (:func:`start_write`); finish it instead."""
     try:
-        write(host, op, op.value)
+        if started is None:
+            write(host, op, op.value)
+        else:
+            started()
         ok, seen = holds(host, op, op.value, just_written=True)
         if not ok:
             raise ReadBackMismatch(
@@ -240,6 +252,10 @@ def apply_settings(
         w.one_by_one(ops)
 
 
+def _irq_affinity(op: Op) -> bool:
+    return op.tuner == "irq" and op.kind == "sysfs"
+
+
 @dataclass
 class _Writer:
     host: Host
@@ -247,16 +263,63 @@ class _Writer:
     report: ApplyReport
     keep_going: bool
     undo: list[tuple[Op, str, bool]] = field(default_factory=list)
+    # A remount under way (journaled, started, not yet read back): see one_by_one.
+    pending: tuple[Change, Op, str, bool, Callable[[], None]] | None = None
 
     def one_by_one(self, ops: list[tuple[Change, Op]]) -> None:
-        for ch, op in ops:
+        """Journal, write and read back each op in order. A remount runs beside the ops that
+        follow it (switching favordynmods on waits for an RCU grace period in the kernel) until
+        a process is to be moved, which is what it speeds up, or the end. A run of IRQ
+        affinity writes (each its own file, none reading another) is journaled with one fsync
+        (:meth:`batched`): an fsync each was a fifth of a full apply on the H200."""
+        i = 0
+        while i < len(ops):
+            ch, op = ops[i]
+            if self.pending is not None and op.kind in PROCESS_KINDS:
+                self.settle()
+            if _irq_affinity(op):
+                j = i + 1
+                while j < len(ops) and _irq_affinity(ops[j][1]):
+                    j += 1
+                self.batched(ops[i:j])
+                i = j
+                continue
+            i += 1
             try:
+                if op.kind == "mount" and self.pending is None:
+                    done = _prepare(self.host, self.journal, op)
+                    if done is not None:
+                        self.pending = (ch, op, *done, self.start(op, *done))
+                    continue
                 done = _one(self.host, self.journal, op)
             except errors.GputunedError as exc:
                 self.fail(ch, op, exc)
             else:
                 if done is not None:
                     self.written(op, *done)
+        self.settle()
+
+    def start(self, op: Op, old: str, new_entry: bool) -> Callable[[], None]:
+        try:
+            return start_write(self.host, op, op.value)
+        except BaseException:  # refused before it began: as _commit does for a write
+            if new_entry:
+                _restore_quietly(self.host, op, old)
+                self.journal.drop(op.key)
+            raise
+
+    def settle(self) -> None:
+        """Wait for the remount under way, read it back, and count it as written or failed."""
+        if self.pending is None:
+            return
+        ch, op, old, new_entry, started = self.pending
+        self.pending = None
+        try:
+            _commit(self.host, self.journal, op, old, new_entry, started)
+        except errors.GputunedError as exc:
+            self.fail(ch, op, exc)
+        else:
+            self.written(op, old, new_entry)
 
     def batched(self, ops: list[tuple[Change, Op]]) -> None:
         prepared: list[tuple[Change, Op, str, bool]] = []
@@ -266,7 +329,7 @@ class _Writer:
             except errors.GputunedError as exc:
                 if not self.keep_going:
                     self.journal.flush()  # harmless records: nothing they protect is written
-                self.fail(ch, op, exc)
+                self.fail_unwritten(ch, op, exc, prepared)
             else:
                 if done is not None:
                     prepared.append((ch, op, *done))
@@ -276,15 +339,32 @@ class _Writer:
             for ch, op, _old, _new in prepared:
                 self.fail(ch, op, exc)
             return
-        for ch, op, old, new_entry in prepared:
+        for n, (ch, op, old, new_entry) in enumerate(prepared):
             try:
                 if holds(self.host, op, op.value)[0]:
                     continue
                 _commit(self.host, self.journal, op, old, new_entry)
             except errors.GputunedError as exc:
-                self.fail(ch, op, exc)
+                self.fail_unwritten(ch, op, exc, prepared[n + 1 :])
             else:
                 self.written(op, old, new_entry)
+
+    def fail_unwritten(
+        self,
+        ch: Change,
+        op: Op,
+        exc: errors.GputunedError,
+        unwritten: list[tuple[Change, Op, str, bool]],
+    ) -> None:
+        """:meth:`fail`; when that ends the apply, also forget the journal records of
+        ``unwritten`` (journaled by this batch, never written: nothing to restore)."""
+        try:
+            self.fail(ch, op, exc)
+        except ApplyError:
+            for _ch, uop, _old, new_entry in unwritten:
+                if new_entry:
+                    self.journal.drop(uop.key)
+            raise
 
     def written(self, op: Op, old: str, new_entry: bool) -> None:
         self.undo.append((op, old, new_entry))
@@ -305,6 +385,7 @@ class _Writer:
             return
         self.report.failed.append({"target": op.target, "error": str(exc)})
         if not self.keep_going:
+            self.settle()  # a remount under way is undone with the rest (or fails itself)
             _rollback(self.host, self.journal, self.undo)
             self.report.rolled_back = True
             raise ApplyError(

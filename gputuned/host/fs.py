@@ -6,6 +6,7 @@ import errno as E
 import json
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -294,16 +295,44 @@ class Host:
         (:mod:`gputuned.host.mounts`). Recorded as a write to ``{point}:remount``, which is
         also the path to inject faults on.
         """
+        self.start_remount(point, fstype, super_options)()
+
+    def start_remount(self, point: str, fstype: str, super_options: str) -> Callable[[], None]:
+        """Start :meth:`remount` in a thread; returns the function that waits for it, raises
+        its error, and records the write.
+
+        Switching cgroup2's favordynmods on makes the kernel wait for an RCU grace period
+        inside mount(2) (14-22 ms for a lone apply on the lent H200, 8-27 ms on the CI machine
+        kind): apply lets that wait run beside its next writes (H200, lone apply: median 24 and
+        33 ms against 39 and 40 ms waiting in line; scripts/device/applytime.sh). Fault checks and the write record stay in the calling thread,
+        so injected faults and crash points (GPUTUNED_FAILPOINT) count writes in one order.
+        """
         from gputuned.host import mounts
 
         where = f"{point}:remount"
         self._check_fault("write", where)
+        record = WriteRecord(where, super_options.encode())
         if any(f.op == "drop" and f.path == where for f in self.faults):
-            self._wrote(WriteRecord(where, super_options.encode()))  # "succeeds", changes nothing
-            return
-        with self._translate("remount", point):
-            mounts.remount(self, point, fstype, super_options)
-        self._wrote(WriteRecord(where, super_options.encode()))
+            return lambda: self._wrote(record)  # "succeeds", changes nothing
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with self._translate("remount", point):
+                    mounts.remount(self, point, fstype, super_options)
+            except BaseException as exc:  # handed to the caller by finish()
+                failed.append(exc)
+
+        worker = threading.Thread(target=run, name="gputuned-remount", daemon=True)
+        worker.start()
+
+        def finish() -> None:
+            worker.join()
+            if failed:
+                raise failed[0]
+            self._wrote(record)
+
+        return finish
 
     def _thread_op(self, tid: int, what: str, data: str, run: Callable[[int], None]) -> None:
         from gputuned.host import procctl

@@ -27,6 +27,7 @@ import errno as E
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +147,18 @@ class TreeKernel:
         exists = real.is_file()
         if (exists or create) and not (exists and real.read_bytes() == text.encode()):
             real.write_bytes(text.encode())
+
+    def _put_whole(self, hpath: str, text: str) -> None:
+        """put(), replacing the file in one step (same mode): a reader in another thread sees
+        the old text or the new, never a half-written file, as with the kernel's own files.
+        apply remounts in a thread while it goes on (see Host.start_remount)."""
+        real = self.real(hpath)
+        if not real.is_file() or real.read_bytes() == text.encode():
+            return
+        tmp = real.with_name(f".{real.name}.gputuned-new")
+        tmp.write_bytes(text.encode())
+        shutil.copymode(real, tmp)
+        tmp.replace(real)
 
     def _put_cpus(self, hpath: str, cpus: frozenset[int]) -> None:
         # Rewritten only when the meaning changes, so files the model agrees with keep their bytes.
@@ -409,7 +422,7 @@ class TreeKernel:
         head, tail = pre.split(" "), post.split(" ")
         head[5], tail[2] = ",".join(own), ",".join([rw, *fs_opts])
         info[at[-1]] = " ".join(head) + " - " + " ".join(tail) + "\n"
-        self.put(mt.MOUNTINFO, "".join(info))
+        self._put_whole(mt.MOUNTINFO, "".join(info))
         # /proc/mounts (show_vfsmnt()): rw/ro, the mount's options, then the filesystem's.
         lines = (self.get("/proc/mounts") or "").splitlines(keepends=True)
         hits = [
@@ -421,7 +434,7 @@ class TreeKernel:
             f = lines[hits[-1]].rstrip("\n").split(" ")
             f[3] = ",".join([*own, *fs_opts])
             lines[hits[-1]] = " ".join(f) + "\n"
-            self.put("/proc/mounts", "".join(lines))
+            self._put_whole("/proc/mounts", "".join(lines))
 
     # -- cgroup v2: directories, controllers, processes --------------------------------------
 

@@ -218,13 +218,13 @@ def test_the_remount_is_journaled_before_it_is_written(tmp_path: Path) -> None:
     before = digest(root)
     host = Host(root)
     seen: list[object] = []
-    real = host.remount
+    real = host.start_remount
 
-    def remount(point: str, fstype: str, options: str) -> None:
+    def start_remount(point: str, fstype: str, options: str) -> Callable[[], None]:
         seen.append(Journal(Host(root)).get(f"mount:{CG}"))
-        real(point, fstype, options)
+        return real(point, fstype, options)
 
-    host.remount = remount  # type: ignore[method-assign]
+    host.start_remount = start_remount  # type: ignore[method-assign]
     apply_profile(host, only())
     (entry,) = seen
     assert entry is not None and entry.old == H200_SUPER  # type: ignore[attr-defined]
@@ -361,3 +361,81 @@ def test_capture_keeps_the_cgroup_lines_of_mountinfo_and_the_features(tmp_path: 
     assert (tmp_path / "cap/sys/kernel/cgroup/features").read_text().split()[1] == "favordynmods"
     meta = json.loads((tmp_path / "cap/gputuned-tree.json").read_text())
     assert meta["source"] == "capture"
+
+
+# -- the remount runs beside the writes that follow it -------------------------------------------
+
+
+def slow_remount(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[str]:
+    """mounts.remount taking ``seconds`` (the kernel's grace period); logs start and end."""
+    import threading
+    import time
+
+    log: list[str] = []
+    real = mounts.remount
+
+    def remount(host: Host, point: str, fstype: str, opts: str) -> None:
+        log.append(f"start {threading.current_thread().name}")
+        time.sleep(seconds)
+        real(host, point, fstype, opts)
+        log.append("end")
+
+    monkeypatch.setattr(mounts, "remount", remount)
+    return log
+
+
+def test_the_remount_overlaps_the_writes_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Journaled first, started in a thread, read back before the server is moved (the move is
+    what favordynmods speeds up) and before apply returns; revert is exact."""
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    log = slow_remount(monkeypatch, 0.3)
+    host = Host(root)
+    _plan, report = apply_profile(host, SHARED)
+    assert report.failed == []
+    assert log == ["start gputuned-remount", "end"]
+    order = [w.path for w in host.writes]
+    remount = order.index(f"{CG}:remount")
+    move = next(i for i, p in enumerate(order) if p.endswith("/cgroup.procs"))
+    assert any(p.startswith("/proc/irq/") for p in order[:remount]), "IRQs written meanwhile"
+    assert remount < move, "the process moves only once the remount is done"
+    assert "favordynmods" in cgroup2(root).super_options.split(",")
+    assert revert_all(Host(root)).failed == []
+    assert digest(root) == before
+
+
+def test_a_failure_while_the_remount_runs_undoes_it_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    slow_remount(monkeypatch, 0.2)
+    host = Host(root)
+    host.inject("/proc/irq/44/smp_affinity_list", "write", errno.EBUSY)
+    with pytest.raises(ApplyError) as info:
+        apply_profile(host, SHARED)
+    assert "irq irq 44" in str(info.value)
+    assert info.value.report.rolled_back
+    assert {w["target"] for w in info.value.report.written} >= {TARGET}
+    assert "favordynmods" not in cgroup2(root).super_options.split(",")
+    assert digest(root) == before
+    assert Journal(Host(root)).entries() == []
+
+
+def test_a_remount_that_fails_in_its_thread_rolls_back_what_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+
+    def busy(host: Host, point: str, fstype: str, opts: str) -> None:
+        raise OSError(errno.EBUSY, "busy")
+
+    monkeypatch.setattr(mounts, "remount", busy)
+    with pytest.raises(ApplyError) as info:
+        apply_profile(Host(root), SHARED)
+    assert f"cpuset {TARGET} failed" in str(info.value)
+    assert digest(root) == before
+    assert Journal(Host(root)).entries() == []
