@@ -406,3 +406,29 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
     }
     aff = {k: v for k, v in olds.items() if k.endswith(":affinity")}
     assert set(aff.values()) == {"cgroup-default"}, aff
+
+
+def test_irq_writes_are_journaled_with_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of IRQ affinity writes is journaled with one append + fsync, not one each; every
+    other write still has its own, before it."""
+    import gputuned.journal as journal_mod
+
+    root = tree_copy("dual-socket-8gpu", tmp_path)
+    synced: list[int] = []
+    real = journal_mod.append_durable
+
+    def counting(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+        if sync:
+            synced.append(line.count(b"\n"))
+        real(host, hpath, line, sync=sync)
+
+    monkeypatch.setattr(journal_mod, "append_durable", counting)
+    _, report = apply_profile(Host(root), full_profile())
+    irq = [w for w in report.written if w["target"].startswith("irq ")]
+    assert len(irq) > 20
+    batches = [n for n in synced if n > 1]
+    assert len(batches) == 1 and batches[0] >= len(irq)
+    assert len(synced) == len(report.written) - batches[0] + 1
+    assert revert_all(Host(root)).failed == []
