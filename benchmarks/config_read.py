@@ -95,7 +95,6 @@ def main() -> int:
             if size <= cfg.stat().st_size:
                 row[f"sysfs_{size}_us"] = timed(args.repeat, read_at, cfg, size)
         row["gputuned_registers_us"] = timed(args.repeat, gputuned_read, cfg)
-        row["sysfs_1x4_us"] = timed(args.repeat, one_open, cfg, 1)
         row["sysfs_5x4_one_open_us"] = timed(args.repeat, one_open, cfg, 5)
         speed = dev / "current_link_speed"
         if speed.exists():

@@ -304,8 +304,9 @@ class Host:
         Switching cgroup2's favordynmods on makes the kernel wait for an RCU grace period
         inside mount(2) (14-22 ms for a lone apply on the lent H200, 8-27 ms on the CI machine
         kind): apply lets that wait run beside its next writes (H200, lone apply: median 24 and
-        33 ms against 39 and 40 ms waiting in line; scripts/device/applytime.sh). Fault checks and the write record stay in the calling thread,
-        so injected faults and crash points (GPUTUNED_FAILPOINT) count writes in one order.
+        33 ms against 39 and 40 ms waiting in line; scripts/device/applytime.sh). Fault checks
+        and the write record stay in the calling thread, so injected faults and crash points
+        (GPUTUNED_FAILPOINT) count writes in one order.
         """
         from gputuned.host import mounts
 
