@@ -76,6 +76,9 @@ class Host:
     meta: dict[str, object] = field(default_factory=dict)
     _mutations: int = field(default=0, repr=False)
     _failpoint: tuple[str, int] | None = field(default=None, repr=False)
+    # Remounts under way in their threads (start_remount): a failpoint's SIGKILL waits for
+    # them, as a real one takes effect only once the mount(2) in progress has returned.
+    _in_kernel: list[threading.Thread] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).absolute()
@@ -325,10 +328,12 @@ class Host:
                 failed.append(exc)
 
         worker = threading.Thread(target=run, name="gputuned-remount", daemon=True)
+        self._in_kernel.append(worker)
         worker.start()
 
         def finish() -> None:
             worker.join()
+            self._in_kernel.remove(worker)
             if failed:
                 raise failed[0]
             self._wrote(record)
@@ -366,13 +371,20 @@ class Host:
         # from the N-th attempt on.
         fp = self._failpoint
         if fp is not None and fp[0] == "after" and self._mutations >= fp[1]:
-            _die(f"after write {self._mutations} ({rec.path})")
+            self._kill(f"after write {self._mutations} ({rec.path})")
+
+    def _kill(self, where: str) -> None:
+        """The failpoint's SIGKILL. A signal ends a task only on its way out of the kernel, so a
+        remount in progress in its thread completes (or fails) first, as mount(2) would."""
+        for worker in list(self._in_kernel):
+            worker.join()
+        _die(where)
 
     def _check_fault(self, op: str, hpath: str) -> None:
         if op != "read":
             self._mutations += 1
             if self._failpoint == ("before", self._mutations):
-                _die(f"before write {self._mutations} ({hpath})")
+                self._kill(f"before write {self._mutations} ({hpath})")
         for f in self.faults:
             if f.op == op and f.path == hpath:
                 raise translate(OSError(f.errno, os.strerror(f.errno)), op, hpath)

@@ -439,3 +439,28 @@ def test_a_remount_that_fails_in_its_thread_rolls_back_what_followed(
     assert f"cpuset {TARGET} failed" in str(info.value)
     assert digest(root) == before
     assert Journal(Host(root)).entries() == []
+
+
+def test_a_failpoint_kill_waits_for_the_remount_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL takes effect only once the mount(2) in progress returns; killing the tree
+    model's remount half-way left a temporary mountinfo behind (seen once in the crash-point
+    gauntlet, killed before the write after the remount)."""
+    import gputuned.host.fs as fs_mod
+
+    root = tree_copy("h200-captured", tmp_path)
+    log = slow_remount(monkeypatch, 0.3)
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def die(where: str) -> None:  # instead of SIGKILL: what the kill would leave
+        seen.append((list(log), sorted(p.name for p in (root / "proc/self").iterdir())))
+
+    monkeypatch.setattr(fs_mod, "_die", die)
+    host = Host(root)
+    old = cgroup2(root).super_options
+    finish = host.start_remount(CG, "cgroup2", f"{old},favordynmods")
+    host._kill("before write 2")
+    assert seen == [(["start gputuned-remount", "end"], ["mountinfo"])]  # no temporary left
+    assert "favordynmods" in cgroup2(root).super_options.split(",")
+    finish()
