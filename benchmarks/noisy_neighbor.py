@@ -521,20 +521,25 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def isolated_profile(
-    profile: Path, work: Path, cmdline: str = "(?!)", rule_name: str | None = None
+    profile: Path,
+    work: Path,
+    cmdline: str = "(?!)",
+    rule_name: str | None = None,
+    uid: int | None = None,
 ) -> Path:
     """``profile`` with one [[process]] rule (``rule_name``, default the first), matching only
-    ``cmdline`` (default: nothing).
+    ``cmdline`` (default: nothing) of processes run by ``uid`` (default: this process's).
 
     On a machine others use too, the shipped rule would also place their vLLM-like processes.
-    What the rule does (CPUs, nice, policy, partition) is kept; only ``match`` changes.
+    What the rule does (CPUs, nice, policy, partition, children) is kept; only ``match``
+    changes, and it still names an account, as a rule that grants CPUs or a negative nice must.
     """
     from gputuned.profile import load_profile
 
     rules = load_profile(profile).process
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
-    rule["match"] = {"cmdline": cmdline}
+    rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
     lines = [f"include = [{json.dumps(str(profile.absolute()))}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
