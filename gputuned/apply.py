@@ -256,12 +256,12 @@ def apply_settings(
     move into the partition) is not written; its journaled original stays, as for inherited
     values.
     """
-    # In-sync thread settings still go through _prepare: a thread that inherited its values
-    # needs its original journaled (nothing is written for it).
+    # In-sync process settings still go through _prepare: a thread or a child process that
+    # inherited its values needs its original journaled (nothing is written for it).
     ops = [
         (ch, op)
         for ch in settings
-        if not (ch.report_only or (ch.in_sync and ch.kind != "thread"))
+        if not (ch.report_only or (ch.in_sync and ch.kind not in ("thread", "proc_cgroup")))
         for op in expand(ch)
     ]
     w = _Writer(host, journal, report, keep_going)
