@@ -415,7 +415,7 @@ def test_profile_text_is_only_data(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                     "name": f"r {payload}",
                     # A regular expression, used with re.search only: "$(...)" is an anchor
                     # and a group here, and the alternative matches the server.
-                    "match": {"cmdline": f"vllm|{payload}"},
+                    "match": {"cmdline": f"vllm|{payload}", "user": "inference"},
                     "cpus": "work",
                     "nice": 5,
                     "move_to_partition": True,
