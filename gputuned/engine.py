@@ -101,22 +101,13 @@ def read_context(
         irqs=read_interrupts(host),
         default_affinity=read_default_affinity(host),
         cgroup=read_cgroup_layout(host),
-        # exe and cgroup cost two more reads per process, the owner one: only when a rule
-        # matches on them.
-        processes=iter_processes(
-            host, brief=not _needs_paths(profile), owner=_needs_owner(profile)
-        ),
+        # stat and cmdline only: exe, cgroup and the owner cost three more reads a process, so
+        # they are read for the few processes whose comm and cmdline a rule matches
+        # (tuners/proctree.py claim()).
+        processes=iter_processes(host, brief=True),
         registered=dict(registered or {}),
         original=journal_originals(host, journal),
     )
-
-
-def _needs_paths(profile: Profile) -> bool:
-    return any(r.match.exe or r.match.unit or r.match.cgroup for r in profile.process)
-
-
-def _needs_owner(profile: Profile) -> bool:
-    return any(r.match.user is not None or r.match.uid is not None for r in profile.process)
 
 
 def journal_originals(host: Host, journal: Journal | None) -> Callable[[str], str | None]:
@@ -205,10 +196,9 @@ def plan_processes(ctx: PlanContext, pids: list[int]) -> tuple[list[Change], dic
     from gputuned.tuners.process import ProcessTuner
 
     procs = []
-    owner = _needs_owner(ctx.profile)
     for pid in pids:
         try:
-            procs.append(read_process(ctx.host, pid, threads=False, owner=owner))
+            procs.append(read_process(ctx.host, pid, threads=False, brief=True))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs))

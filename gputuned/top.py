@@ -95,7 +95,7 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
 def _rule_targets(host: Host) -> Targets:
     from gputuned.apply import read_active
     from gputuned.engine import journal_originals
-    from gputuned.host.proc import iter_processes, user_id
+    from gputuned.host.proc import ProcInfo, iter_processes, read_process, user_id
     from gputuned.host.state import ACTIVE
     from gputuned.profile import parse_profile
     from gputuned.tuners.proctree import ClaimInput, claim, journal_key
@@ -111,12 +111,17 @@ def _rule_targets(host: Host) -> Targets:
     gpu_pids: dict[int, frozenset[int]] = {}
     if any(r.match.uses_gpu is not None for r in rules):
         gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(host) or []}
-    brief = not any(r.match.exe or r.match.unit or r.match.cgroup for r in rules)
-    owner = any(r.match.user is not None or r.match.uid is not None for r in rules)
     uids = {r.match.user: user_id(host, r.match.user) for r in rules if r.match.user}
     original = journal_originals(host, None)
+
+    def load(pid: int) -> ProcInfo | None:
+        try:
+            return read_process(host, pid, threads=False, owner=True)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
     claims = claim(
-        iter_processes(host, brief=brief, owner=owner),
+        iter_processes(host, brief=True),
         ClaimInput(
             rules,
             gpu_pids,
@@ -124,6 +129,7 @@ def _rule_targets(host: Host) -> Targets:
             {},
             {},
             lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
+            load,
         ),
     )
     out = [

@@ -41,6 +41,8 @@ class ProcInfo:
     euid: int | None = None
     #: A kernel thread (PF_KTHREAD): never a server, never to be registered.
     kernel: bool = False
+    #: Read with ``brief``: exe, cgroup (and the user IDs) were not read.
+    brief: bool = False
 
 
 def list_pids(host: Host) -> list[int]:
@@ -112,6 +114,7 @@ def read_process(
         uid=uid,
         euid=euid,
         kernel=bool(int(f[9 - 3]) & PF_KTHREAD),
+        brief=brief,
     )
 
 

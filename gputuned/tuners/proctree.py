@@ -27,8 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host.proc import user_id
+from gputuned.host.proc import read_process, user_id
 
 if TYPE_CHECKING:
     from gputuned.changes import PlanContext
@@ -96,6 +97,22 @@ def owner_key(match: Match) -> str | None:
     return None
 
 
+def _cheap(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> bool:
+    """The keys a brief read of /proc answers (stat and cmdline): most processes of a host
+    fail these, and are never read further."""
+    if proc.kernel or (proc.exe is None and not proc.cmdline and not proc.brief):
+        return False
+    return (
+        (rule.comm is None or proc.comm == rule.comm)
+        and (rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None)
+        and (rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()))
+    )
+
+
+def _needs_more(rule: Match) -> bool:
+    return any(v is not None for v in (rule.exe, rule.user, rule.uid, rule.unit, rule.cgroup))
+
+
 def matches(
     rule: Match,
     proc: ProcInfo,
@@ -148,6 +165,8 @@ class ClaimInput:
     registered: dict[int, tuple[int, str]]  # pid -> (start time, rule)
     known: dict[int, Claim]  # claims made earlier (the daemon's), for parents not listed
     original_cgroup: Callable[[ProcInfo], str | None]
+    #: The whole of a briefly read process (exe, cgroup, user IDs); None once it is gone.
+    load: Callable[[int], ProcInfo | None] = lambda _pid: None
 
 
 def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
@@ -161,17 +180,23 @@ def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
     listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel}
     by_name = {r.name: r for r in inp.rules}
     out: dict[int, Claim] = {}
-    for p in listed.values():
-        reg = inp.registered.get(p.pid)
+    for pid, seen in list(listed.items()):
+        p = seen
+        reg = inp.registered.get(pid)
         for rule in inp.rules:
-            if (reg is not None and reg == (p.start_time, rule.name)) or matches(
-                rule.match,
-                p,
-                inp.gpu_pids,
-                uid=inp.uids.get(rule.match.user or ""),
-                cgroup=inp.original_cgroup(p),
-            ):
-                out[p.pid] = Claim(rule.name, "match", p.start_time)
+            if reg is not None and reg == (p.start_time, rule.name):
+                out[pid] = Claim(rule.name, "match", p.start_time)
+                break
+            if not _cheap(rule.match, p, inp.gpu_pids):
+                continue
+            if p.brief and _needs_more(rule.match):
+                full = inp.load(pid)
+                if full is None or full.start_time != p.start_time:
+                    break  # exited, or its PID reused, since the scan
+                p = listed[pid] = full
+            uid = inp.uids.get(rule.match.user or "")
+            if matches(rule.match, p, inp.gpu_pids, uid=uid, cgroup=inp.original_cgroup(p)):
+                out[pid] = Claim(rule.name, "match", p.start_time)
                 break
     kids: dict[int, list[ProcInfo]] = {}
     for p in listed.values():
@@ -320,6 +345,14 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
                     "the rule matches nothing here"
                 )
     original = ctx.original
+    owner = any(r.match.user is not None or r.match.uid is not None for r in ctx.profile.process)
+
+    def load(pid: int) -> ProcInfo | None:
+        try:
+            return read_process(ctx.host, pid, threads=False, owner=owner)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
     return ClaimInput(
         rules=ctx.profile.process,
         gpu_pids=gpu_pids,
@@ -327,6 +360,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
         registered=ctx.registered,
         known=ctx.claimed,
         original_cgroup=lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
+        load=load,
     )
 
 
