@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from gputuned.host import Host
 from gputuned.host.proc import read_process
 from gputuned.journal import Journal
 from gputuned.profile import load_profile
+from tests.integration.livedaemon import running_daemon
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -195,32 +195,6 @@ def profile(tmp: Path, token: str, *, exclude_tracker: bool = False) -> Path:
     return path
 
 
-@contextmanager
-def daemon(prof: Path, tmp: Path) -> Iterator[subprocess.Popen[str]]:
-    """gputuned --profile, up once it says READY=1 on its notify socket."""
-    sock = tmp / "notify"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(str(sock))
-    listener.settimeout(30)
-    d = subprocess.Popen(
-        [sys.executable, "-m", "gputuned.daemon", "--profile", str(prof)],
-        env={**os.environ, "NOTIFY_SOCKET": str(sock)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        while "READY=1" not in listener.recv(4096).decode().split("\n"):
-            pass
-        yield d
-    finally:
-        if d.poll() is None:
-            d.kill()
-        err = d.communicate()[1]
-        listener.close()
-        sock.unlink(missing_ok=True)
-        assert "Traceback" not in err, err
-
-
 def placed(pids: list[int]) -> Callable[[], bool]:
     def check() -> bool:
         return all(
@@ -232,7 +206,7 @@ def placed(pids: list[int]) -> Callable[[], bool]:
 
 def test_daemon_first_the_whole_spawned_tree_is_placed_and_put_back(setup: dict[str, Any]) -> None:
     prof = profile(setup["tmp"], setup["token"], exclude_tracker=True)
-    with daemon(prof, setup["tmp"]) as d:
+    with running_daemon(prof, setup["tmp"]) as d:
         tree = Tree(setup["script"])
         try:
             wait_until("the API server placed", placed([tree.pids["api"]]))
@@ -262,7 +236,7 @@ def test_tree_first_then_the_daemon(setup: dict[str, Any]) -> None:
         got = tree.send("spawn")
         pids = [tree.pids["api"], got["engine"], got["worker"], got["tracker"]]
         before = threads(pids)
-        with daemon(profile(setup["tmp"], setup["token"]), setup["tmp"]) as d:
+        with running_daemon(profile(setup["tmp"], setup["token"]), setup["tmp"]) as d:
             wait_until("the running tree placed at daemon start", placed(pids))
             d.send_signal(signal.SIGTERM)
             assert d.wait(timeout=30) == 0

@@ -19,15 +19,11 @@ cgroup v2 cpuset). Everything made here is removed again and every process kille
 from __future__ import annotations
 
 import contextlib
-import grp
 import os
-import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +38,8 @@ from gputuned.host.proc import read_process
 from gputuned.host.system import read_cgroup_layout
 from gputuned.journal import Journal
 from gputuned.profile import load_profile
+from tests.integration.livedaemon import running_daemon
+from tests.users import python_for, system_user
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -59,49 +57,20 @@ class Attacker:
     python: str
 
 
-def _python_for(uid: int, gid: int) -> str | None:
-    """An interpreter the user can run (this one may sit under /root, which is 0700)."""
-    for cand in ("/usr/bin/python3", sys.executable, shutil.which("python3")):
-        if cand is None:
-            continue
-        probe = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", cand, "-c", ""]
-        if subprocess.run(probe, check=False, capture_output=True, cwd="/").returncode == 0:
-            return cand
-    return None
-
-
 @pytest.fixture
 def attacker() -> Iterator[Attacker]:
-    for tool in ("setpriv", "useradd", "userdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing")
-    created = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--user-group", "--shell",
-             "/usr/sbin/nologin", USER],
-            check=True,
-        )  # fmt: skip
-        created = True
-    try:
-        pw = pwd.getpwnam(USER)
-        python = _python_for(pw.pw_uid, pw.pw_gid)
+    with system_user(USER) as pw:
+        python = python_for(pw.pw_uid, pw.pw_gid)
         if python is None:
             pytest.fail(f"no Python interpreter that {USER} may run")
         shutil.rmtree(RUN_DIR, ignore_errors=True)
         RUN_DIR.mkdir()
         RUN_DIR.chmod(0o755)
-        (RUN_DIR / "vllm.py").write_text(SLEEPER)
-        yield Attacker(pw.pw_uid, pw.pw_gid, python)
-    finally:
-        shutil.rmtree(RUN_DIR, ignore_errors=True)
-        if created:
-            subprocess.run(["userdel", USER], check=True)
-            with contextlib.suppress(KeyError):
-                grp.getgrnam(USER)
-                subprocess.run(["groupdel", USER], check=True)
+        try:
+            (RUN_DIR / "vllm.py").write_text(SLEEPER)
+            yield Attacker(pw.pw_uid, pw.pw_gid, python)
+        finally:
+            shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 def shipped_rules_profile(dest: Path, *, user: str | None = None) -> Path:
@@ -194,22 +163,13 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
     script = str(RUN_DIR / "vllm.py")
     prof = shipped_rules_profile(tmp_path / "shipped.toml")
     procs = Procs()
-    sock = tmp_path / "notify"
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    listener.bind(str(sock))
-    listener.settimeout(30)
-    d = subprocess.Popen(
-        [sys.executable, "-m", "gputuned.daemon", "--profile", str(prof)],
-        env={**os.environ, "NOTIFY_SOCKET": str(sock)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
     uid = attacker.uid
     user_unit = f"/user.slice/user-{uid}.slice/user@{uid}.service/app.slice/{UNIT}"
-    with fake_cgroups(mount, user_unit, f"/system.slice/{UNIT}") as (in_user_unit, in_unit):
+    with (
+        fake_cgroups(mount, user_unit, f"/system.slice/{UNIT}") as (in_user_unit, in_unit),
+        running_daemon(prof, tmp_path) as d,
+    ):
         try:
-            while "READY=1" not in listener.recv(4096).decode().split("\n"):
-                pass
             a_script = procs.start([attacker.python, script], as_user=attacker)
             a_exec = procs.start(
                 ["bash", "-c", f'exec -a "python3 vllm" {attacker.python} -c "{SLEEPER}"'],
@@ -247,10 +207,5 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
             assert d.wait(timeout=30) == 0
             assert not boosted(server)
         finally:
-            if d.poll() is None:
-                d.kill()
-            err = d.communicate()[1]
-            listener.close()
             procs.kill()
-            assert "Traceback" not in err, err
     assert len(Journal(Host(Path("/")))) == 0

@@ -87,6 +87,20 @@ def api(
     )
 
 
+def python(root: Path, pid: int, argv: list[str], *, start: int, **kw: Any) -> None:
+    """A Python process of someone's (``kw``: add_process's uid, cgroup, ppid, ...)."""
+    add_process(
+        root, pid, comm="python3", cmdline=argv, exe="/usr/bin/python3.11", start_time=start, **kw
+    )
+
+
+def stranger(root: Path, pid: int = 7000) -> None:
+    """A shell someone put into gputuned's partition by hand."""
+    add_process(
+        root, pid, comm="bash", cmdline=["bash"], exe="/bin/bash", start_time=7, cgroup=PART
+    )
+
+
 def child(
     root: Path,
     pid: int,
@@ -279,9 +293,7 @@ def test_revert_moves_out_what_it_did_not_place_then_removes_its_cgroup(tmp_path
     api(root)
     apply_profile(Host(root), load_profile(profile_file(tmp_path)))
     # Someone put a process of their own into the partition by hand.
-    add_process(
-        root, 7000, comm="bash", cmdline=["bash"], exe="/bin/bash", start_time=7, cgroup=PART
-    )
+    stranger(root)
     rep = revert_all(Host(root))
     assert rep.failed == [], rep.failed
     assert read_process(Host(root), 7000).cgroup == "/"
@@ -314,9 +326,7 @@ def test_what_is_left_fails_the_revert_and_the_daemon_stop(
     d.start()
     api(root)
     feed(d, ProcEvent("exec", API, API))
-    add_process(
-        root, 7000, comm="bash", cmdline=["bash"], exe="/bin/bash", start_time=7, cgroup=PART
-    )
+    stranger(root)
     # The kernel refuses to move it out (a frozen cgroup's task, say).
     d.host.inject("/sys/fs/cgroup/cgroup.procs", "write", errno.EBUSY)
     with caplog.at_level(logging.INFO, logger="gputuned"):
@@ -351,23 +361,13 @@ def test_the_shipped_rules_give_other_users_processes_nothing(tmp_path: Path) ->
     """vllm.py of another user, `exec -a "python3 vllm"`, a user unit named like the server's."""
     root = tree_copy("h200-captured", tmp_path, server=False)
     api(root, uid=1000, argv=["python3", "vllm.py"])
-    add_process(
-        root,
-        6000,
-        comm="python3",
-        cmdline=["python3 vllm", "serve"],
-        exe="/usr/bin/python3.11",
-        start_time=6,
-        uid=1000,
-    )
+    python(root, 6000, ["python3 vllm", "serve"], start=6, uid=1000)
     unit = "/user.slice/user-1000.slice/user@1000.service/app.slice/inference.service"
-    add_process(
+    python(
         root,
         6100,
-        comm="python3",
-        cmdline=["python3", "-m", "vllm.entrypoints.openai.api_server"],
-        exe="/usr/bin/python3.11",
-        start_time=61,
+        ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        start=61,
         uid=1000,
         cgroup=unit,
     )
@@ -379,13 +379,11 @@ def test_the_shipped_rules_give_other_users_processes_nothing(tmp_path: Path) ->
 def test_a_system_unit_is_matched_exactly_and_still_after_the_move(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     api(root, uid=0, cgroup="/system.slice/inference.service")
-    add_process(
+    python(
         root,
         6000,
-        comm="python3",
-        cmdline=["python3", "-m", "vllm.x"],
-        exe="/usr/bin/python3.11",
-        start_time=6,
+        ["python3", "-m", "vllm.x"],
+        start=6,
         cgroup="/system.slice/not-inference.service",
     )
     prof = load_profile(profile_file(tmp_path))
@@ -462,14 +460,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
     d, root = daemon
     d.start()
     peer = PeerCred(1, 0, 0)
-    add_process(
-        root,
-        6000,
-        comm="python3",
-        cmdline=["python3", "serve.py"],
-        exe="/usr/bin/python3.11",
-        start_time=600,
-    )
+    python(root, 6000, ["python3", "serve.py"], start=600)
     add_process(root, 6100, comm="kworker/0:1", cmdline=[], exe=None, start_time=1, ppid=2)
     stat = root / "proc/6100/stat"
     stat.write_text(stat.read_text().replace(" 4194560 ", f" {0x00200000} ", 1))  # PF_KTHREAD
@@ -512,14 +503,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
     remove_process(root, 6000)
     feed(d, ProcEvent("exit", 6000, 6000))
     assert d.registered == {}
-    add_process(
-        root,
-        6000,
-        comm="python3",
-        cmdline=["python3", "other.py"],
-        exe="/usr/bin/python3.11",
-        start_time=777,
-    )
+    python(root, 6000, ["python3", "other.py"], start=777)
     feed(d, ProcEvent("exec", 6000, 6000))
     assert 6000 not in d.placed
     assert d.stop() == 0
@@ -529,15 +513,7 @@ def test_unregister_puts_the_whole_tree_back(daemon: tuple[Daemon, Path]) -> Non
     d, root = daemon
     d.start()
     peer = PeerCred(1, 0, 0)
-    add_process(
-        root,
-        6000,
-        comm="python3",
-        cmdline=["python3", "serve.py"],
-        exe="/usr/bin/python3.11",
-        start_time=600,
-        cgroup=HOME,
-    )
+    python(root, 6000, ["python3", "serve.py"], start=600, cgroup=HOME)
     d._handle({"cmd": "register", "pid": 6000, "start": 600}, peer)
     child(root, 6010, 6000, inherited=True)
     feed(d, ProcEvent("fork", 6010, 6010, 6000))
