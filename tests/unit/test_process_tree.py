@@ -534,3 +534,32 @@ def test_the_journal_keeps_each_descendant_apart(tmp_path: Path) -> None:
     for pid in (API, CORE, WORKER, TRACKER):
         assert f"proc_cgroup:{pid}:{read_process(Host(root), pid).start_time}" in keys
     assert revert_all(Host(root)).failed == []
+
+
+def test_only_candidates_are_read_past_stat_and_cmdline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full plan reads exe, cgroup and the owner only of processes whose comm and cmdline a
+    rule matches: the other processes of a host cost two reads each."""
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    for n in range(30):
+        python(root, 8000 + n, ["python3", "-m", "http.server"], start=80 + n)
+    api(root)
+    read: list[str] = []
+    real_read, real_link = Host.read_bytes, Host.readlink
+
+    def reading(self: Host, hpath: str, offset: int = 0, size: int = -1) -> bytes:
+        read.append(hpath)
+        return real_read(self, hpath, offset, size)
+
+    def linking(self: Host, hpath: str) -> str:
+        read.append(hpath)
+        return real_link(self, hpath)
+
+    monkeypatch.setattr(Host, "read_bytes", reading)
+    monkeypatch.setattr(Host, "readlink", linking)
+    plan = plan_profile(Host(root), load_profile(profile_file(tmp_path)))
+    assert {c.data["pid"] for c in plan.settings if c.tuner == "process"} == {API}
+    others = [p for p in read if p.startswith("/proc/80") and not p.endswith(("/stat", "/cmdline"))]
+    assert others == [], others[:5]
+    assert f"/proc/{API}/status" in read and f"/proc/{API}/cgroup" in read
