@@ -201,8 +201,11 @@ class Noise:
 # ---- the worker: decodes on request, measures itself ----------------------------------------
 
 
-def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
-    """Pure-Python work per token, sized once at start to about ``token_ms`` on this host."""
+def _cpu_tokens(
+    token_ms: float, steps: int | None = None
+) -> tuple[Iterator[float], dict[str, Any]]:
+    """Pure-Python work per token, sized once at start to about ``token_ms`` on this host
+    (``steps``: that size given, as a second worker started under noise must be)."""
 
     def work(n: int) -> int:
         x = 1
@@ -212,7 +215,7 @@ def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
 
     t0 = time.perf_counter()
     work(200_000)
-    n = max(1000, int(200_000 * token_ms / 1000 / (time.perf_counter() - t0)))
+    n = steps or max(1000, int(200_000 * token_ms / 1000 / (time.perf_counter() - t0)))
 
     def gen() -> Iterator[float]:
         while True:
@@ -226,6 +229,7 @@ def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
         "worker": "cpu-standin",
         "desc": f"CPU stand-in, no GPU: {n} pure-Python LCG steps per token "
         f"(~{token_ms:g} ms when quiet)",
+        "steps": n,
     }
     return gen(), info
 
@@ -333,7 +337,7 @@ def _counter_deltas(a: Any, b: Any) -> dict[str, int]:
     return out
 
 
-def role_worker(kind: str, token_ms: float) -> None:
+def role_worker(kind: str, token_ms: float, steps: int | None = None) -> None:
     """Answer one JSON line per request on the original stdout; anything printed goes to stderr."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -348,7 +352,7 @@ def role_worker(kind: str, token_ms: float) -> None:
                 raise
             note = f"no GPU worker ({type(exc).__name__}: {exc}); using the CPU stand-in"
     if tokens is None:
-        tokens, info = _cpu_tokens(token_ms)
+        tokens, info = _cpu_tokens(token_ms, steps)
     # Warm up: two whole sequences on the GPU, so that the allocator has seen the largest KV
     # cache before anything is measured (a cudaMalloc mid-window is a 100 ms outlier).
     for _ in range(2 * SEQ_TOKENS + 1 if info["worker"] == "gpu" else 100):
@@ -388,6 +392,9 @@ class Worker:
         argv = [sys.executable, __file__, "--role", role, "--worker", args.worker]
         argv += ["--token-ms", str(args.token_ms), "--api-ms", str(args.api_ms)]
         argv += ["--request-tokens", str(args.request_tokens)]
+        for opt, value in (("--cpu-steps", args.cpu_steps), ("--api-chars", args.api_chars)):
+            if value:
+                argv += [opt, str(value)]
         self.proc = children.start(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.children = children
         self.info = self._read()
@@ -1090,6 +1097,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--request-tokens", type=int, default=64, help="--shape server: tokens per request"
     )
+    # Sizes measured by the first worker, given to a server started later (daemon first), which
+    # would otherwise size its work under noise.
+    ap.add_argument("--cpu-steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--api-chars", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cpu-burners", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--net-streams", type=int, default=max(1, (os.cpu_count() or 1) // 4))
     ap.add_argument("--disk-writers", type=int, default=max(1, (os.cpu_count() or 1) // 8))
@@ -1112,11 +1123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_role(args: argparse.Namespace) -> None:
     if args.role == "worker":
-        role_worker(args.worker, args.token_ms)
+        role_worker(args.worker, args.token_ms, args.cpu_steps)
     elif args.role == "api":
         from server_shape import role_api
 
-        role_api(args.worker, args.token_ms, args.api_ms, args.request_tokens)
+        role_api(args)
     elif args.role == "cpu":
         role_cpu(args.deadline)
     elif args.role == "net":
@@ -1248,6 +1259,7 @@ def setup(
     t0 = time.monotonic()
     worker = Worker(children, args)
     info = {k: v for k, v in worker.info.items() if k != "ready"}
+    args.cpu_steps, args.api_chars = info.get("steps"), info.get("prompt_chars")
     print(f"worker: {info['worker']}: {info['desc']} (ready in {time.monotonic() - t0:.1f} s)")
     if info.get("note"):
         print(f"worker: {info['note']}")

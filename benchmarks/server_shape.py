@@ -73,8 +73,11 @@ def _prompt(chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def size_prompt(vocab: dict[str, int], api_ms: float) -> str:
-    """A prompt whose tokenising takes about ``api_ms`` on this host, now."""
+def size_prompt(vocab: dict[str, int], api_ms: float, chars: int | None = None) -> str:
+    """A prompt whose tokenising takes about ``api_ms`` on this host, now (``chars``: its
+    length given)."""
+    if chars:
+        return _prompt(chars)
     probe = _prompt(4000)
     t0 = time.perf_counter()
     for _ in range(5):
@@ -86,7 +89,7 @@ def size_prompt(vocab: dict[str, int], api_ms: float) -> str:
 # ---- the engine (a spawned child) ----------------------------------------------------------
 
 
-def engine_main(conn: Connection, kind: str, token_ms: float) -> None:
+def engine_main(conn: Connection, kind: str, token_ms: float, steps: int | None) -> None:
     """Decode on request; stream one message per token. Runs in the spawned child."""
     from pathlib import Path
 
@@ -104,7 +107,7 @@ def engine_main(conn: Connection, kind: str, token_ms: float) -> None:
                 raise
             note = f"no GPU worker ({type(exc).__name__}: {exc}); using the CPU stand-in"
     if tokens is None:
-        tokens, info = nn._cpu_tokens(token_ms)
+        tokens, info = nn._cpu_tokens(token_ms, steps)
     for _ in range(2 * nn.SEQ_TOKENS + 1 if info["worker"] == "gpu" else 100):
         next(tokens)
     gc.collect()
@@ -124,17 +127,25 @@ def engine_main(conn: Connection, kind: str, token_ms: float) -> None:
 
 
 class Api:
-    def __init__(self, kind: str, token_ms: float, api_ms: float, tokens: int) -> None:
+    def __init__(
+        self,
+        kind: str,
+        token_ms: float,
+        api_ms: float,
+        tokens: int,
+        steps: int | None = None,
+        chars: int | None = None,
+    ) -> None:
         import noisy_neighbor as nn
 
         self.nn = nn
         self.vocab = _vocab()
-        self.prompt = size_prompt(self.vocab, api_ms)
+        self.prompt = size_prompt(self.vocab, api_ms, chars)
         self.n = tokens
         self.rid = 0
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.engine = ctx.Process(target=engine_main, args=(child, kind, token_ms))
+        self.engine = ctx.Process(target=engine_main, args=(child, kind, token_ms, steps))
         self.engine.start()
         child.close()
         self.info: dict[str, Any] = self.conn.recv()
@@ -215,12 +226,15 @@ def _deltas(a: dict[int, Any], b: dict[int, Any]) -> dict[str, int]:
     return out
 
 
-def role_api(kind: str, token_ms: float, api_ms: float, tokens: int) -> None:
-    """noisy_neighbor's worker protocol: a ready line, then one answer per window request."""
+def role_api(args: Any) -> None:
+    """noisy_neighbor's worker protocol: a ready line, then one answer per window request.
+    ``args``: noisy_neighbor.py's options (--worker, --token-ms, --api-ms, --request-tokens)."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    api = Api(kind, token_ms, api_ms, tokens)
+    api_ms, tokens = args.api_ms, args.request_tokens
+    api = Api(args.worker, args.token_ms, api_ms, tokens, args.cpu_steps, args.api_chars)
     info = {k: v for k, v in api.info.items() if k != "pid"}
+    info["prompt_chars"] = len(api.prompt)
     info["desc"] = (
         f"server-shaped: API process (tokenising ~{api_ms:g} ms per request, detokenising each "
         f"token) + spawned engine ({info['desc']}), {tokens} tokens per request"
