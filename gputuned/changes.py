@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from gputuned.cpusets import ResolvedCpus
     from gputuned.host import Host
     from gputuned.host.proc import ProcInfo
     from gputuned.host.system import CgroupLayout, Irq
     from gputuned.inspect import Snapshot
-    from gputuned.profile import Profile, ResolvedCpus
+    from gputuned.profile import Profile
     from gputuned.topology import HostCpus
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.host import Host
 from gputuned.host.proc import iter_processes, read_process
 from gputuned.host.system import (
@@ -23,7 +24,7 @@ from gputuned.host.system import (
     read_interrupts,
 )
 from gputuned.inspect import snapshot
-from gputuned.profile import Profile, resolve_cpusets
+from gputuned.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def plan_profile(
         sets={k: format_cpulist(v) for k, v in ctx.sets.sets.items()},
     )
     result.notes += ctx.sets.notes
-    result.refused += [Refusal("cpusets", key, msg) for key, msg in ctx.sets.refused]
+    result.refused += housekeeping_guard(profile, ctx.sets, ctx.cpus)
     if not ctx.snap.topo.gpus():
         result.notes.append(
             "no GPU found on this host: PCIe tuning has nothing to do; CPU and IRQ work is still planned"
