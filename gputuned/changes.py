@@ -96,6 +96,8 @@ class PlanContext:
     processes: list[ProcInfo]
     #: PIDs placed by hand (gputunectl register) -> name of the rule to place them by.
     registered: dict[int, str] = field(default_factory=dict)
+    #: IRQ -> NUMA node of the PCI function that owns it (read on hosts with several nodes).
+    irq_nodes: dict[int, int] = field(default_factory=dict)
 
 
 class Tuner(Protocol):

@@ -22,6 +22,7 @@ from gputuned.host.system import (
     read_default_affinity,
     read_host_cpus,
     read_interrupts,
+    read_irq_nodes,
 )
 from gputuned.inspect import snapshot
 from gputuned.profile import Profile
@@ -83,6 +84,8 @@ def read_context(
     )
     snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
     cpus = read_host_cpus(host, snap.topo, snap.nvml)
+    # Which node each IRQ's device sits on matters only where there are several nodes.
+    irq_nodes = read_irq_nodes(host) if profile.irq and len(cpus.nodes) > 1 else {}
     return PlanContext(
         host=host,
         profile=profile,
@@ -98,6 +101,7 @@ def read_context(
             brief=not any(r.match.exe or r.match.unit or r.match.cgroup for r in profile.process),
         ),
         registered=dict(registered or {}),
+        irq_nodes=irq_nodes,
     )
 
 
