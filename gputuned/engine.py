@@ -25,6 +25,7 @@ from gputuned.host.system import (
     read_irq_nodes,
 )
 from gputuned.inspect import snapshot
+from gputuned.layout import plan_layout
 from gputuned.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
     sets: dict[str, str] = field(default_factory=dict)
+    #: Sets per GPU and per node, partitions and GPU vectors (gputuned.layout.plan_layout).
+    layout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changes(self) -> list[Change]:
@@ -60,6 +63,7 @@ class PlanResult:
             "profile": self.profile,
             "root": self.root,
             "cpusets": self.sets,
+            "layout": self.layout,
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
             "refused": [asdict(r) for r in self.refused],
@@ -160,6 +164,7 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    result.layout = plan_layout(ctx, result.settings)
     if result.blocked and not allow_blocked:
         raise result.blocked_error()
     return result
