@@ -125,7 +125,7 @@ def test_inspect_all_lists_switch_path_and_path_minimum() -> None:
     assert by["0000:04:00.0"]["mps"]["path_max"] == 128
     assert by["0000:03:00.0"]["mps"]["path_max"] == 256
     assert by["0000:83:00.0"]["numa_node"] == 1
-    assert by["0000:83:00.0"]["local_cpus"] == "32-63"
+    assert by["0000:83:00.0"]["local_cpus"] == "16-31,48-63"  # SMT siblings N and N+32
 
 
 def test_inspect_ci_vm_has_no_pcie() -> None:
