@@ -53,7 +53,11 @@ def qemu_position(cpu: int, cores: int, threads: int) -> tuple[int, int, int]:
 def cores_first(sockets: int, cores: int, threads: int) -> Callable[[int], int]:
     """Guest CPU -> the number it has where firmware lists every core's first thread before
     any second thread, socket by socket: thread t of core c of socket s is CPU
-    t * sockets * cores + s * cores + c (siblings N and N + sockets * cores)."""
+    t * sockets * cores + s * cores + c (siblings N and N + sockets * cores).
+
+    That order is what Linux shows on two-socket servers, e.g. the lscpu and hwloc-ls of a
+    2 x 64-core AMD host at https://hackmd.io/@hlajungo/H1PJfTJxgg: "NUMA node0 CPU(s):
+    0-15,128-143", core L#0 with PUs P#16 and P#144."""
 
     def renumber(cpu: int) -> int:
         s, c, t = qemu_position(cpu, cores, threads)
