@@ -833,6 +833,21 @@ def add_switched_gpus(
     return rows
 
 
+def add_gpu_host_files(
+    tree: Tree, rows: list[tuple[int, str, int, str]], nodes: dict[int, str]
+) -> None:
+    """/proc/interrupts with the GPUs' rows, every IRQ allowed on every CPU, an Ubuntu kernel's
+    command line, the default ASPM policy (owned by the OS) and cgroup v2 with cpuset."""
+    nr = len(parse_cpulist(",".join(nodes.values())))
+    tree.text("/proc/interrupts", interrupts_text(nr, rows))
+    tree.text("/proc/irq/default_smp_affinity", format_mask(range(nr), nr) + "\n")
+    tree.text(
+        "/proc/cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=/dev/sda2 ro quiet\n"
+    )
+    tree.text(ASPM_POLICY_PATH, ASPM_POLICY_DEFAULT)
+    add_cgroup2(tree, format_cpulist(range(nr)), format_cpulist(nodes))
+
+
 def add_captured_cpus(
     tree: Tree, shape: str, renumber: Callable[[int], int] | None
 ) -> dict[int, str]:
@@ -883,14 +898,7 @@ def build_dual_socket(shared: Path) -> Tree:
         "(tests/data/topology/sysfs.py cores_first), every list and mask with them.",
     )
     nodes = add_captured_cpus(tree, "2s16c2t", nodes_renumber)
-    rows = add_switched_gpus(tree, h200, DUAL_SWITCHES, nodes)
-    tree.text("/proc/interrupts", interrupts_text(64, rows))
-    tree.text("/proc/irq/default_smp_affinity", format_mask(range(64), 64) + "\n")
-    tree.text(
-        "/proc/cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=/dev/sda2 ro quiet\n"
-    )
-    tree.text(ASPM_POLICY_PATH, ASPM_POLICY_DEFAULT)
-    add_cgroup2(tree, "0-63", "0-1")
+    add_gpu_host_files(tree, add_switched_gpus(tree, h200, DUAL_SWITCHES, nodes), nodes)
     return tree
 
 
@@ -918,13 +926,7 @@ def build_four_gpu(shared: Path) -> Tree:
     )
     nodes = add_captured_cpus(tree, "2s16c2t", None)
     rows = add_switched_gpus(tree, h200_config(shared), FOUR_SWITCHES, nodes)
-    tree.text("/proc/interrupts", interrupts_text(64, rows))
-    tree.text("/proc/irq/default_smp_affinity", format_mask(range(64), 64) + "\n")
-    tree.text(
-        "/proc/cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=/dev/sda2 ro quiet\n"
-    )
-    tree.text(ASPM_POLICY_PATH, ASPM_POLICY_DEFAULT)
-    add_cgroup2(tree, "0-63", "0-1")
+    add_gpu_host_files(tree, rows, nodes)
     return tree
 
 
@@ -969,13 +971,7 @@ def build_two_gpu(shared: Path) -> Tree:
         for hw, n in enumerate(vectors):
             add_irq(tree, n, "0-15", 16)
             rows.append((n, f"PCI-MSIX-{gpu_bdf}", hw, "nvidia"))
-    tree.text("/proc/interrupts", interrupts_text(16, rows))
-    tree.text("/proc/irq/default_smp_affinity", "ffff\n")
-    tree.text(
-        "/proc/cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=/dev/sda2 ro quiet\n"
-    )
-    tree.text(ASPM_POLICY_PATH, ASPM_POLICY_DEFAULT)
-    add_cgroup2(tree, "0-15", "0")
+    add_gpu_host_files(tree, rows, nodes)
     return tree
 
 

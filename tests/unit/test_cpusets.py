@@ -12,6 +12,7 @@ from gputuned.cpusets import ResolvedCpus
 from gputuned.errors import PlanError, ProfileError
 from gputuned.profile import Profile, load_profile
 from gputuned.topology import GpuRef, HostCpus
+from tests.unit.test_profile import problems
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "profiles"
@@ -416,14 +417,6 @@ def test_guard_counts_nohz_full_and_asks_for_whole_cores(tmp_path: Path) -> None
 
 
 # -- several partitions: checks without a host ---------------------------------------------------
-
-
-def problems(tmp_path: Path, text: str) -> list[tuple[str, str]]:
-    path = tmp_path / "p.toml"
-    path.write_text(text)
-    with pytest.raises(ProfileError) as info:
-        load_profile(path)
-    return info.value.problems
 
 
 def test_several_partitions_refuse_move_to_partition(tmp_path: Path) -> None:
