@@ -28,6 +28,7 @@ from gputuned.topology import GpuRef, HostCpus
 
 if TYPE_CHECKING:
     from gputuned.profile import Profile
+    from gputuned.tuners.cpuset import Config as CpusetConfig
 
 Problems = list[tuple[str, str]]
 PARTITION_MODES = ("isolated", "root")
@@ -287,10 +288,46 @@ class ResolvedCpus:
         here = self.sets[name] & host.nodes.get(node, frozenset()) if node is not None else None
         return here or self.sets[name]
 
-    def members(self, name: str) -> dict[str, frozenset[int]]:
-        """A per-GPU or per-node set's members by label ("gpu0", "node1"); {} for others."""
-        if name in self.per_gpu:
-            return {f"gpu{i}": c for i, c in sorted(self.per_gpu[name].items())}
-        if name in self.per_node:
-            return {f"node{n}": c for n, c in sorted(self.per_node[name].items())}
-        return {}
+
+# -- partitions on a host ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    """One partition the profile makes: its cgroup (relative to the mount) and its CPUs."""
+
+    cgroup: str
+    cpus: frozenset[int]
+    of: str = ""  # " of node 1", " of GPU 3": what the plan says it is for
+
+
+def partition_layout(cfg: CpusetConfig, sets: ResolvedCpus, host: HostCpus) -> list[PartitionSpec]:
+    """The partitions of ``[cpuset]`` on this host, siblings under the cgroup v2 root.
+
+    Siblings rather than children of one gputuned cgroup: a partition's parent must itself be
+    a partition root (cgroup-v2.rst, "cpuset.cpus.partition"), and a parent whose CPUs all go
+    to its children can hold no task. Issue "processes per GPU" moves each server process into
+    the partition of its GPU; until then [[process]] rules need partitions = "one".
+    """
+    assert cfg.cpus is not None
+    cpus = sets.sets[cfg.cpus]
+    if cfg.partitions == "node":
+        return [
+            PartitionSpec(f"{cfg.cgroup}.node{n}", cpus & here, f" of node {n}")
+            for n, here in host.nodes.items()
+            if cpus & here
+        ]
+    members = sets.per_gpu.get(cfg.cpus, {})
+    if cfg.partitions == "gpu" and members:
+        return [
+            PartitionSpec(f"{cfg.cgroup}.gpu{i}", c, f" of GPU {i}")
+            for i, c in sorted(members.items())
+            if c
+        ]
+    return [PartitionSpec(cfg.cgroup, cpus)]
+
+
+def shared_cpus(parts: list[PartitionSpec]) -> list[tuple[PartitionSpec, PartitionSpec]]:
+    """Pairs of partitions that would share CPUs (per-GPU members share cores when a node has
+    fewer cores than GPUs); the kernel lets no two sibling partitions share a CPU."""
+    return [(a, b) for i, a in enumerate(parts) for b in parts[i + 1 :] if a.cpus & b.cpus]

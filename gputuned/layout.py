@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.cpusets import PARTITION_MODES
+from gputuned.cpusets import PARTITION_MODES, partition_layout
 from gputuned.topology import HostCpus
-from gputuned.tuners.cpuset import partition_layout
 
 if TYPE_CHECKING:
     from gputuned.changes import Change, PlanContext

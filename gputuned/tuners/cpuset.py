@@ -64,7 +64,6 @@ initial cgroup namespace (kernel/cgroup/cgroup.c apply_cgroup_root_flags()).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import (
@@ -81,10 +80,9 @@ from pydantic import (
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.cpusets import ResolvedCpus
+from gputuned.cpusets import PartitionSpec, partition_layout, shared_cpus
 from gputuned.host import Host, mounts
 from gputuned.host.system import Partition, valid_partitions
-from gputuned.topology import HostCpus
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 _CGROUP_NS = "/proc/self/ns/cgroup"
@@ -231,7 +229,7 @@ class CpusetTuner:
                 )
             )
             return out
-        shared = _shared_cpus(parts)
+        shared = shared_cpus(parts)
         if shared:
             out.refused.append(_shared_refusal(self.name, cfg, shared))
             return out
@@ -398,47 +396,6 @@ def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:
         for name in host.listdir(mount)
         if host.is_dir(f"{mount}/{name}")
     )
-
-
-@dataclass(frozen=True)
-class PartitionSpec:
-    """One partition the profile makes: its cgroup (relative to the mount) and its CPUs."""
-
-    cgroup: str
-    cpus: frozenset[int]
-    of: str = ""  # " of node 1", " of GPU 3": what the plan says it is for
-
-
-def partition_layout(cfg: Config, sets: ResolvedCpus, host: HostCpus) -> list[PartitionSpec]:
-    """The partitions of ``[cpuset]`` on this host, siblings under the cgroup v2 root.
-
-    Siblings rather than children of one gputuned cgroup: a partition's parent must itself be
-    a partition root (cgroup-v2.rst, "cpuset.cpus.partition"), and a parent whose CPUs all go
-    to its children can hold no task. Issue "processes per GPU" moves each server process into
-    the partition of its GPU; until then [[process]] rules need partitions = "one".
-    """
-    assert cfg.cpus is not None
-    cpus = sets.sets[cfg.cpus]
-    if cfg.partitions == "node":
-        return [
-            PartitionSpec(f"{cfg.cgroup}.node{n}", cpus & here, f" of node {n}")
-            for n, here in host.nodes.items()
-            if cpus & here
-        ]
-    members = sets.per_gpu.get(cfg.cpus, {})
-    if cfg.partitions == "gpu" and members:
-        return [
-            PartitionSpec(f"{cfg.cgroup}.gpu{i}", c, f" of GPU {i}")
-            for i, c in sorted(members.items())
-            if c
-        ]
-    return [PartitionSpec(cfg.cgroup, cpus)]
-
-
-def _shared_cpus(parts: list[PartitionSpec]) -> list[tuple[PartitionSpec, PartitionSpec]]:
-    """Pairs of partitions that would share CPUs (per-GPU members share cores when a node has
-    fewer cores than GPUs); the kernel lets no two sibling partitions share a CPU."""
-    return [(a, b) for i, a in enumerate(parts) for b in parts[i + 1 :] if a.cpus & b.cpus]
 
 
 def _shared_refusal(

@@ -376,9 +376,8 @@ def test_for_gpu_and_for_node(tmp_path: Path) -> None:
     assert r.for_node("n", 1, HOST64) == cpus("16,48")
     assert r.for_node("low", 1, HOST64) == cpus("0-7")  # none there: the whole set
     assert r.for_node("n", None, HOST64) == cpus("0,16,32,48")
-    assert r.members("g")["gpu7"] == cpus("19,51")
-    assert r.members("n") == {"node0": cpus("0,32"), "node1": cpus("16,48")}
-    assert r.members("low") == {}
+    assert r.per_gpu["g"][7] == cpus("19,51")
+    assert r.per_node["n"] == {0: cpus("0,32"), 1: cpus("16,48")}
 
 
 # -- the housekeeping guard ---------------------------------------------------------------------
