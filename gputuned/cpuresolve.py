@@ -122,12 +122,14 @@ class _Resolver:
             picked = _take(pool, spec)
             self._short(name, spec, picked, "")
             return _union(picked)
-        # GPUs whose local CPUs are the same (a NUMA node's) divide them; groups in GPU order.
+        # GPUs whose local CPUs are the same (a NUMA node's) divide them, in GPU order. The
+        # narrowest groups go first: a GPU whose firmware gives no NUMA node (numa_node -1,
+        # every CPU local) must not take a node's cores from the GPUs that sit there.
         groups: dict[frozenset[int], list[GpuRef]] = {}
         for g in sorted(host.gpus, key=lambda g: g.index):
             groups.setdefault(host.gpu_local(g), []).append(g)
         taken: frozenset[int] = frozenset()
-        for local, gpus in groups.items():
+        for local, gpus in sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[1][0].index)):
             pool = [u for u in host.units(local) if not u & drop and not u & taken]
             pool, capped = self._cap(pool, spec)
             shares = self._split(name, spec, pool, gpus, local, capped)

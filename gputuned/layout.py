@@ -82,6 +82,18 @@ def topology_report(host: HostCpus, nvml: list[NvmlGpu] | None) -> dict[str, Any
             entry["findings"].append(
                 {"level": "note", "message": "sysfs gives no local CPUs: placed as if on any node"}
             )
+        elif len(host.nodes) > 1 and entry["node"] is None:
+            entry["findings"].append(
+                {
+                    "level": "warning",
+                    "message": (
+                        f"local CPUs {entry['local_cpus']} span NUMA nodes (sysfs numa_node "
+                        f"{g.numa_node if g.numa_node is not None else -1}): the firmware does not "
+                        "say which socket this GPU is on; per-GPU sets give it what the other "
+                        "GPUs leave"
+                    ),
+                }
+            )
         gpus.append(entry)
     return {
         "online": format_cpulist(host.online),

@@ -108,7 +108,9 @@ def render_topology(topo: dict[str, Any]) -> None:
     for col in ("GPU", "BDF", "node", "local CPUs (sysfs)", "cores", nvml):
         gpus.add_column(col, overflow="fold")
     for g in topo["gpus"]:
-        node = g["node"] if g["node"] is not None else f"- (numa_node {g['numa_node']})"
+        node = g["node"] if g["node"] is not None else "- (local CPUs span nodes)"
+        if g["node"] is None and g["numa_node"] is None:
+            node = "- (sysfs numa_node -1)"
         gpus.add_row(
             str(g["index"]),
             g["bdf"],

@@ -443,3 +443,26 @@ def test_nvml_affinity_that_disagrees_with_sysfs_is_a_finding(
     out = capsys.readouterr().out
     assert "warning GPU 1 0000:02:00.0: NVML's CPU affinity (0-7) differs" in out
     assert "2 threads per core, siblings next to each other (2k, 2k+1)" in out
+
+
+def test_a_gpu_without_numa_node_does_not_take_a_nodes_cores(tmp_path: Path) -> None:
+    """Firmware without _PXM for one GPU: sysfs says numa_node -1 and every CPU is local. The
+    GPUs that do sit on node 1 keep its cores; the one without a node is told and shares."""
+    root = copy("dual-socket-8gpu", tmp_path)
+    gpu = root / "sys/devices/pci0000:80/0000:80:02.0/0000:81:00.0/0000:82:08.0/0000:83:00.0"
+    (gpu / "numa_node").write_text("-1\n")
+    (gpu / "local_cpulist").write_text("0-63\n")
+    result = plan(root, shipped("dedicated-inference"))
+    members = {g["index"]: g["sets"].get("inference") for g in result.layout["gpus"]}
+    assert [members[i] for i in (5, 6, 7)] == [
+        "17-21,49-53",
+        "22-26,54-58",
+        "27-31,59-63",
+    ]
+    assert members[4] == ""
+    assert "cpusets.inference: GPU 4 (local CPUs 0-63): no core left for them" in " ".join(
+        result.notes
+    )
+    topo = inspect(Host(root))["topology"]
+    (finding,) = topo["gpus"][4]["findings"]
+    assert finding["message"].startswith("local CPUs 0-63 span NUMA nodes (sysfs numa_node -1)")
