@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from gputuned.cpusets import ResolvedCpus
     from gputuned.host import Host
     from gputuned.host.proc import ProcInfo
     from gputuned.host.system import CgroupLayout, Irq
     from gputuned.inspect import Snapshot
-    from gputuned.profile import Profile, ResolvedCpus
+    from gputuned.profile import Profile
     from gputuned.topology import HostCpus
 
 
@@ -95,6 +96,8 @@ class PlanContext:
     processes: list[ProcInfo]
     #: PIDs placed by hand (gputunectl register) -> name of the rule to place them by.
     registered: dict[int, str] = field(default_factory=dict)
+    #: IRQ -> NUMA node of the PCI function that owns it (read on hosts with several nodes).
+    irq_nodes: dict[int, int] = field(default_factory=dict)
 
 
 class Tuner(Protocol):

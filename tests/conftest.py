@@ -17,7 +17,15 @@ TREES_DIR = Path(__file__).resolve().parent / "data" / "hosts"
 
 #: Every tree under tests/data/hosts; docs/trees.md describes the layout. All but h200-captured
 #: (a `gputunectl capture` of the lent H200 VM) are built by tests/data/build_trees.py.
-ALL_TREES = ("h200-vm", "h200-captured", "ci-vm", "dual-socket-8gpu", "degraded-link")
+ALL_TREES = (
+    "h200-vm",
+    "h200-captured",
+    "ci-vm",
+    "dual-socket-8gpu",
+    "degraded-link",
+    "four-gpu-one-socket",
+    "two-gpu-one-node",
+)
 
 
 @pytest.fixture
