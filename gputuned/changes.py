@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from gputuned.cpusets import ResolvedCpus
     from gputuned.host import Host
     from gputuned.host.proc import ProcInfo
     from gputuned.host.system import CgroupLayout, Irq
     from gputuned.inspect import Snapshot
-    from gputuned.profile import Profile, ResolvedCpus
+    from gputuned.profile import Profile
     from gputuned.topology import HostCpus
     from gputuned.tuners.proctree import Claim
 
@@ -97,6 +98,8 @@ class PlanContext:
     processes: list[ProcInfo]
     #: PIDs placed by hand (gputunectl register) -> (start time, name of the rule).
     registered: dict[int, tuple[int, str]] = field(default_factory=dict)
+    #: IRQ -> NUMA node of the PCI function that owns it (read on hosts with several nodes).
+    irq_nodes: dict[int, int] = field(default_factory=dict)
     #: Processes claimed by a rule earlier (the daemon's): parents of the processes listed.
     claimed: dict[int, Claim] = field(default_factory=dict)
     #: The journaled original of a setting by its key, None when it is not journaled.

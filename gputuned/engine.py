@@ -14,6 +14,7 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.host import Host
 from gputuned.host.proc import iter_processes, read_process
 from gputuned.host.system import (
@@ -21,10 +22,12 @@ from gputuned.host.system import (
     read_default_affinity,
     read_host_cpus,
     read_interrupts,
+    read_irq_nodes,
 )
 from gputuned.inspect import snapshot
 from gputuned.journal import Journal
-from gputuned.profile import Profile, resolve_cpusets
+from gputuned.layout import plan_layout
+from gputuned.profile import Profile
 from gputuned.tuners.proctree import Claim
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,8 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
     sets: dict[str, str] = field(default_factory=dict)
+    #: Sets per GPU and per node, partitions and GPU vectors (gputuned.layout.plan_layout).
+    layout: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changes(self) -> list[Change]:
@@ -60,6 +65,7 @@ class PlanResult:
             "profile": self.profile,
             "root": self.root,
             "cpusets": self.sets,
+            "layout": self.layout,
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
             "refused": [asdict(r) for r in self.refused],
@@ -92,6 +98,8 @@ def read_context(
     )
     snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
     cpus = read_host_cpus(host, snap.topo, snap.nvml)
+    # Which node each IRQ's device sits on matters only where there are several nodes.
+    irq_nodes = read_irq_nodes(host) if profile.irq and len(cpus.nodes) > 1 else {}
     return PlanContext(
         host=host,
         profile=profile,
@@ -106,6 +114,7 @@ def read_context(
         # (tuners/proctree.py claim()).
         processes=iter_processes(host, brief=True),
         registered=dict(registered or {}),
+        irq_nodes=irq_nodes,
         original=journal_originals(host, journal),
     )
 
@@ -169,7 +178,7 @@ def plan_profile(
         sets={k: format_cpulist(v) for k, v in ctx.sets.sets.items()},
     )
     result.notes += ctx.sets.notes
-    result.refused += [Refusal("cpusets", key, msg) for key, msg in ctx.sets.refused]
+    result.refused += housekeeping_guard(profile, ctx.sets, ctx.cpus)
     if not ctx.snap.topo.gpus():
         result.notes.append(
             "no GPU found on this host: PCIe tuning has nothing to do; CPU and IRQ work is still planned"
@@ -184,6 +193,7 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    result.layout = plan_layout(ctx, result.settings)
     if result.blocked and not allow_blocked:
         raise result.blocked_error()
     return result

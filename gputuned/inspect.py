@@ -16,6 +16,8 @@ from gputuned.host.pci import (
     read_cmdline,
     scan,
 )
+from gputuned.host.system import read_host_cpus
+from gputuned.layout import topology_report
 
 
 @dataclass(frozen=True)
@@ -131,4 +133,5 @@ def inspect(host: Host, *, all_functions: bool = False) -> dict[str, Any]:
         },
         "devices": [device_report(d, snap.topo, by_bdf.get(d.bdf)) for d in devs],
         "gpu_count": len(snap.topo.gpus()),
+        "topology": topology_report(read_host_cpus(host, snap.topo, snap.nvml), snap.nvml),
     }

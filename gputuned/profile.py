@@ -28,8 +28,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,20 +36,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictBool,
-    StrictInt,
     StrictStr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from gputuned import daemon_config
-from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist
+from gputuned.cpusets import PARTITION_MODES as _PARTITION_MODES
+from gputuned.cpusets import CpuSetSpec, check_partitions, overlaps, set_refs, static_cpus
 from gputuned.daemon_config import Config as DaemonConfig
-from gputuned.errors import PlanError, ProfileError
+from gputuned.errors import ProfileError
 from gputuned.host.userfiles import read_user_file
-from gputuned.topology import HostCpus
 from gputuned.tuners import bootargs, cpuset, irq, pcie_aspm, pcie_payload, process
 from gputuned.tuners.bootargs import Config as BootargsConfig
 from gputuned.tuners.cpuset import Config as CpusetConfig
@@ -62,61 +58,8 @@ from gputuned.tuners.process import Config as ProcessConfig
 _SET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MAX_INCLUDE_DEPTH = 16
-_PARTITION_MODES = ("isolated", "root")
 
 Problems = list[tuple[str, str]]
-
-
-class CpuSetSpec(BaseModel):
-    """One named CPU set: exactly one base, minus the sets in `exclude`, trimmed to `count`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cpus: StrictStr | None = Field(default=None, description="Base: a CPU list such as '0-3,8'.")
-    gpu_local: StrictInt | None = Field(
-        default=None, ge=0, description="Base: the NUMA-local CPUs of the GPU with this index."
-    )
-    numa_node: StrictInt | None = Field(
-        default=None, ge=0, description="Base: the CPUs of this NUMA node."
-    )
-    all: Literal[True] | None = Field(default=None, description="Base: every online CPU.")
-    exclude: tuple[StrictStr, ...] = Field(
-        default=(), description="Names of other sets whose CPUs are removed from this one."
-    )
-    count: StrictInt | None = Field(
-        default=None, ge=1, description="Keep at most the lowest N CPUs left after exclude."
-    )
-    fallback_all: StrictBool = Field(
-        default=True,
-        description=(
-            "With gpu_local, on a host without that GPU: use all online CPUs and say so in "
-            "the plan. With false, planning fails instead."
-        ),
-    )
-
-    @field_validator("cpus")
-    @classmethod
-    def _cpulist(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                cpus = parse_cpulist(value)
-            except CpuListError as exc:
-                raise ValueError(str(exc)) from None
-            if not cpus:
-                raise ValueError("names no CPUs; give at least one, e.g. '0'")
-        return value
-
-    @model_validator(mode="after")
-    def _one_base(self) -> CpuSetSpec:
-        given = [
-            k for k in ("cpus", "gpu_local", "numa_node", "all") if getattr(self, k) is not None
-        ]
-        if len(given) != 1:
-            found = " and ".join(given) if given else "none"
-            raise ValueError(
-                f"give exactly one base: cpus, gpu_local, numa_node or all = true (found {found})"
-            )
-        return self
 
 
 class Profile(BaseModel):
@@ -388,25 +331,6 @@ def _or_list(values: tuple[Any, ...] | list[Any]) -> str:
 # -- checks across tables ----------------------------------------------------------------------
 
 
-def _set_refs(p: Profile) -> list[tuple[str, str, bool]]:
-    """Every place a set is named: (key path, set name, whether 'keep' is allowed there)."""
-    refs: list[tuple[str, str, bool]] = []
-    if p.irq:
-        refs += [(f"irq.{k}", getattr(p.irq, k), True) for k in _IRQ_SET_KEYS]
-    if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
-        refs.append(("cpuset.cpus", p.cpuset.cpus, False))
-    refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
-    if p.bootargs:
-        for k in _BOOT_SET_KEYS:
-            if getattr(p.bootargs, k) is not None:
-                refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
-    return [r for r in refs if not (r[2] and r[1] == "keep")]
-
-
-_IRQ_SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
-_BOOT_SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
-
-
 def _check_profile(p: Profile) -> Problems:
     problems: Problems = []
     names = list(p.cpusets)
@@ -423,7 +347,7 @@ def _check_profile(p: Profile) -> Problems:
                     "starting with a letter",
                 )
             )
-    refs = _set_refs(p)
+    refs = set_refs(p)
     for name, spec in p.cpusets.items():
         refs += [
             (key_path(("cpusets", name, "exclude", i)), ex, False)
@@ -437,8 +361,9 @@ def _check_profile(p: Profile) -> Problems:
     problems += _exclude_cycles(p)
     problems += _check_process_rules(p)
     problems += _check_aspm_bootargs(p)
+    problems += check_partitions(p)
     if not problems:
-        problems += _overlaps(p, lambda name: _static_cpus(p, name))
+        problems += overlaps(p, lambda name: static_cpus(p, name))
     return problems
 
 
@@ -543,200 +468,6 @@ def _check_aspm_bootargs(p: Profile) -> Problems:
         "[pcie_aspm] policy and gpu_links to 'keep'"
     )
     return [("bootargs.pcie_aspm", msg)]
-
-
-def _overlap_pairs(p: Profile) -> list[tuple[str, str, str, str, str]]:
-    """(key, set, other key, other set, why) for sets that must not share CPUs."""
-    pairs: list[tuple[str, str, str, str, str]] = []
-    if p.cpuset and p.cpuset.mode in _PARTITION_MODES and p.cpuset.cpus and p.irq:
-        for k in ("others_cpus", "default_affinity"):
-            name = getattr(p.irq, k)
-            if name != "keep":
-                why = "IRQs there would interrupt the partition; use a set outside it"
-                pairs.append((f"irq.{k}", name, "cpuset.cpus", p.cpuset.cpus, why))
-    if p.bootargs and p.bootargs.irqaffinity:
-        for k in ("nohz_full", "rcu_nocbs"):
-            name = getattr(p.bootargs, k)
-            if name is not None:
-                why = f"IRQs must start outside the {k} CPUs; use a set without them"
-                pairs.append(
-                    ("bootargs.irqaffinity", p.bootargs.irqaffinity, f"bootargs.{k}", name, why)
-                )
-    return pairs
-
-
-def _overlaps(p: Profile, cpus_of: Callable[[str], frozenset[int] | None]) -> Problems:
-    problems: Problems = []
-    for key, a, other_key, b, why in _overlap_pairs(p):
-        if a == b:
-            problems.append((key, f"names set {a!r}, the same set as {other_key}; {why}"))
-            continue
-        cpus_a, cpus_b = cpus_of(a), cpus_of(b)
-        if cpus_a is not None and cpus_b is not None and cpus_a & cpus_b:
-            msg = (
-                f"set {a!r} ({format_cpulist(cpus_a)}) overlaps set {b!r} of {other_key} "
-                f"({format_cpulist(cpus_b)}) on CPUs {format_cpulist(cpus_a & cpus_b)}; {why}"
-            )
-            problems.append((key, msg))
-    return problems
-
-
-def _static_cpus(p: Profile, name: str) -> frozenset[int] | None:
-    """The set's CPUs when they do not depend on the host (literal cpus all the way down)."""
-    spec = p.cpusets[name]
-    if spec.cpus is None:
-        return None
-    cpus = parse_cpulist(spec.cpus)
-    for ex in spec.exclude:
-        other = _static_cpus(p, ex)
-        if other is None:
-            return None
-        cpus -= other
-    return frozenset(sorted(cpus)[: spec.count]) if spec.count else cpus
-
-
-# -- resolving sets on a host ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ResolvedCpus:
-    """Named CPU sets resolved on one host, with what the plan should tell the user."""
-
-    sets: dict[str, frozenset[int]]
-    #: Things the user should know, such as a fallback to all CPUs.
-    notes: list[str] = field(default_factory=list)
-    #: (key, message) for sets naming CPUs the host lacks; those CPUs were dropped.
-    refused: list[tuple[str, str]] = field(default_factory=list)
-
-
-def resolve_cpusets(profile: Profile, host: HostCpus) -> ResolvedCpus:
-    """Resolve every set of ``profile`` on ``host``; PlanError if a needed set cannot be built."""
-    out = ResolvedCpus(sets={})
-    problems: Problems = []
-    empty_why: dict[str, str] = {}
-
-    def resolve(name: str) -> frozenset[int]:
-        if name not in out.sets:
-            spec = profile.cpusets[name]
-            base = _base(name, spec, host, out, problems)
-            cpus = base
-            for ex in spec.exclude:  # acyclic: the profile checks passed
-                cpus -= resolve(ex)
-            if base and not cpus:
-                excluded = _or_list(list(spec.exclude)).replace(" or ", " and ")
-                empty_why[name] = f"excluding {excluded} leaves none of {format_cpulist(base)}"
-            if spec.count and len(cpus) > spec.count:
-                cpus = frozenset(sorted(cpus)[: spec.count])
-            elif spec.count and cpus and len(cpus) < spec.count:
-                left = "1 CPU is" if len(cpus) == 1 else f"{len(cpus)} CPUs are"
-                out.notes.append(
-                    f"cpusets.{name}: count = {spec.count}, but only {left} left "
-                    f"({format_cpulist(cpus)}); using what there is"
-                )
-            out.sets[name] = cpus
-        return out.sets[name]
-
-    for name in profile.cpusets:
-        resolve(name)
-    if not problems:
-        problems += _needed_but_empty(profile, out.sets, host, empty_why)
-        problems += _partition_leaves_cpus(profile, out.sets, host)
-        problems += _overlaps(profile, out.sets.get)
-    if problems:
-        lines = [f"profile {profile.name!r} cannot be planned on this host; nothing was changed."]
-        lines += [f"  {key}: {msg}" for key, msg in problems]
-        raise PlanError("\n".join(lines))
-    return out
-
-
-def _base(
-    name: str, spec: CpuSetSpec, host: HostCpus, out: ResolvedCpus, problems: Problems
-) -> frozenset[int]:
-    online = host.online
-    if spec.cpus is not None:
-        wanted = parse_cpulist(spec.cpus)
-        if wanted - online:
-            out.refused.append(
-                (
-                    f"cpusets.{name}.cpus",
-                    f"names CPUs {format_cpulist(wanted - online)} this host does not have "
-                    f"(online: {format_cpulist(online)})",
-                )
-            )
-        return wanted & online
-    if spec.gpu_local is not None:
-        gpu = next((g for g in host.gpus if g.index == spec.gpu_local), None)
-        if gpu is not None and gpu.local_cpus & online:
-            return gpu.local_cpus & online
-        if gpu is not None:
-            out.notes.append(
-                f"cpusets.{name}: GPU {gpu.index} ({gpu.bdf}) reports no online local CPUs; "
-                "using all online CPUs"
-            )
-            return online
-        if spec.fallback_all:
-            out.notes.append(
-                f"cpusets.{name}: no GPU {spec.gpu_local} on this host; using all online CPUs"
-            )
-            return online
-        have = ", ".join(str(g.index) for g in host.gpus) or "none"
-        problems.append(
-            (
-                f"cpusets.{name}.gpu_local",
-                f"no GPU {spec.gpu_local} on this host (GPUs: {have}); use another index "
-                "or fallback_all = true",
-            )
-        )
-        return frozenset()
-    if spec.numa_node is not None:
-        if spec.numa_node in host.numa:
-            return host.numa[spec.numa_node] & online
-        have = ", ".join(str(n) for n in sorted(host.numa)) or "none"
-        problems.append(
-            (
-                f"cpusets.{name}.numa_node",
-                f"no NUMA node {spec.numa_node} on this host (nodes: {have})",
-            )
-        )
-        return frozenset()
-    return online
-
-
-def _needed_but_empty(
-    profile: Profile, sets: dict[str, frozenset[int]], host: HostCpus, why: dict[str, str]
-) -> Problems:
-    users: dict[str, list[str]] = {}
-    for key, name, _ in _set_refs(profile):
-        users.setdefault(name, []).append(key)
-    problems: Problems = []
-    for name, keys in users.items():
-        if not sets[name]:
-            reason = why.get(
-                name, f"none of its CPUs is online (online: {format_cpulist(host.online)})"
-            )
-            problems.append(
-                (
-                    f"cpusets.{name}",
-                    f"has no CPUs on this host: {reason}; needed by {', '.join(keys)}",
-                )
-            )
-    return problems
-
-
-def _partition_leaves_cpus(
-    profile: Profile, sets: dict[str, frozenset[int]], host: HostCpus
-) -> Problems:
-    part = profile.cpuset
-    if part and part.mode in _PARTITION_MODES and part.cpus and sets[part.cpus] >= host.online:
-        return [
-            (
-                "cpuset.cpus",
-                f"set {part.cpus!r} holds every online CPU ({format_cpulist(host.online)}); a "
-                "partition must leave at least one to the rest of the system: exclude a "
-                "housekeeping set",
-            )
-        ]
-    return []
 
 
 # -- schema and generated docs -----------------------------------------------------------------

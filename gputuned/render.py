@@ -87,6 +87,84 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
         for f in d["findings"]:
             style = "bold red" if f["level"] == "fault" else "yellow"
             out.print(f"[{style}]{f['level']}[/] {d['bdf']}: {escape(f['message'])}")
+    if "topology" in data:
+        render_topology(data["topology"])
+
+
+def render_topology(topo: dict[str, Any]) -> None:
+    """inspect's topology section: NUMA nodes, SMT, and per GPU its node and local CPUs."""
+    out = console()
+    out.print(f"CPUs {topo['online']}: {escape(topo['smt'])}")
+    nodes = Table(title="NUMA nodes", show_lines=False)
+    for col in ("node", "CPUs", "cores", "GPUs"):
+        nodes.add_column(col)
+    for n in topo["nodes"]:
+        nodes.add_row(str(n["node"]), n["cpus"], n["cores"], ", ".join(map(str, n["gpus"])) or "-")
+    out.print(nodes)
+    if not topo["gpus"]:
+        return
+    gpus = Table(title="GPU placement", show_lines=False)
+    nvml = "NVML CPU affinity" if topo["nvml"] else "NVML CPU affinity (no NVML)"
+    for col in ("GPU", "BDF", "node", "local CPUs (sysfs)", "cores", nvml):
+        gpus.add_column(col, overflow="fold")
+    for g in topo["gpus"]:
+        node = g["node"] if g["node"] is not None else "- (local CPUs span nodes)"
+        if g["node"] is None and g["numa_node"] is None:
+            node = "- (sysfs numa_node -1)"
+        gpus.add_row(
+            str(g["index"]),
+            g["bdf"],
+            str(node),
+            g["local_cpus"] or "-",
+            g["local_cores"] or "-",
+            g["nvml_cpu_affinity"] or "-",
+        )
+    out.print(gpus)
+    for g in topo["gpus"]:
+        for f in g["findings"]:
+            style = "yellow" if f["level"] == "warning" else "cyan"
+            out.print(
+                f"[{style}]{f['level']}[/] GPU {g['index']} {g['bdf']}: {escape(f['message'])}"
+            )
+
+
+def render_layout(layout: dict[str, Any]) -> None:
+    """plan's CPU layout: the resolved sets per GPU and per NUMA node, and the partitions."""
+    if not layout:
+        return
+    out = console()
+    if layout["gpus"]:
+        names = sorted({n for g in layout["gpus"] for n in g["sets"]})
+        table = Table(title=f"Per GPU ({escape(layout['smt'])})", show_lines=False)
+        for col in ("GPU", "BDF", "node", "local CPUs", *names, "vectors → CPUs"):
+            table.add_column(escape(col), overflow="fold")
+        for g in layout["gpus"]:
+            vec = f"{g['vectors']} → {g['vector_cpus'] or '-'}" if g["vectors"] else "-"
+            if g["off_node"]:
+                vec += " (off its node)"
+            table.add_row(
+                str(g["index"]),
+                g["bdf"],
+                "-" if g["node"] is None else str(g["node"]),
+                g["local_cpus"],
+                *(g["sets"].get(n, "-") for n in names),
+                vec,
+            )
+        out.print(table)
+    names = sorted({n for node in layout["nodes"] for n in node["sets"]})
+    table = Table(title="Per NUMA node", show_lines=False)
+    for col in ("node", "CPUs", "GPUs", *names, "partition", "left for the rest"):
+        table.add_column(escape(col), overflow="fold")
+    for node in layout["nodes"]:
+        table.add_row(
+            str(node["node"]),
+            node["cpus"],
+            ", ".join(map(str, node["gpus"])) or "-",
+            *(node["sets"].get(n) or "-" for n in names),
+            escape("\n".join(node["partitions"]) or "-"),
+            node["rest"] or "-",
+        )
+    out.print(table)
 
 
 def render_plan(result: PlanResult) -> None:
@@ -94,6 +172,7 @@ def render_plan(result: PlanResult) -> None:
     out.print(f"Profile [bold]{escape(result.profile)}[/] on {escape(result.root)}")
     for note in result.notes:
         out.print(f"[cyan]note[/] {escape(note)}")
+    render_layout(result.layout)
     if result.changes:
         table = Table(title=f"{len(result.changes)} change(s)", show_lines=False)
         for col in ("tuner", "target", "current → wanted", "why"):

@@ -16,9 +16,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gputuned import errors
+from gputuned.cpulist import format_cpulist
 from gputuned.host.fs import TREE_META, Host
 from gputuned.host.mounts import CGROUP_FEATURES, MOUNTINFO
-from gputuned.host.nvml import read_gpus
+from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.pci import ASPM_POLICY, DEVICES
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,11 @@ def capture(
     for node in _list(host, "/sys/devices/system/node"):
         if re.fullmatch(r"node\d+", node):
             _copy(host, w, f"/sys/devices/system/node/{node}/cpulist")
+    # SMT siblings and package ids: CPU sets take whole cores (gputuned.topology).
+    for cpu in _list(host, "/sys/devices/system/cpu"):
+        if re.fullmatch(r"cpu\d+", cpu):
+            for f in _list(host, f"/sys/devices/system/cpu/{cpu}/topology"):
+                _copy(host, w, f"/sys/devices/system/cpu/{cpu}/topology/{f}")
     say("ASPM policy")
     _copy(host, w, ASPM_POLICY)
     if probe_writes and host.exists(ASPM_POLICY):
@@ -126,13 +132,20 @@ def capture(
         "write_errors": write_errors,
     }
     if nvml is not None:
-        meta["nvml"] = [
-            {**asdict(g), "utilization_gpu": None, "pids": []} if stable else asdict(g)
-            for g in nvml
-        ]
+        meta["nvml"] = [_nvml_entry(g, stable) for g in nvml]
     (dest / TREE_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     say(f"done: {w.files} files")
     return meta
+
+
+def _nvml_entry(g: NvmlGpu, stable: bool) -> dict[str, object]:
+    entry = asdict(g)
+    del entry["cpu_affinity"]
+    if g.cpu_affinity is not None:
+        entry["cpu_affinity"] = format_cpulist(g.cpu_affinity)
+    if stable:
+        entry.update(utilization_gpu=None, pids=[])
+    return entry
 
 
 def _list(host: Host, hpath: str) -> list[str]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
+from gputuned.cpulist import CpuListError, parse_cpulist
 from gputuned.host.fs import Host
 
 log = logging.getLogger(__name__)
@@ -21,12 +23,37 @@ class NvmlGpu:
     name: str
     utilization_gpu: int | None  # percent over the driver's last sample period
     pids: tuple[int, ...]  # compute and graphics processes using it
+    #: CPUs NVML calls ideal for this GPU (nvmlDeviceGetCpuAffinity); None if it did not say.
+    cpu_affinity: frozenset[int] | None = None
 
 
 def _norm_bdf(bus_id: str) -> str:
     # NVML prints "00000000:00:06.0" (8-digit domain); sysfs uses 4 digits.
     dom, bus, devfn = bus_id.lower().split(":")
     return f"{int(dom, 16):04x}:{bus}:{devfn}"
+
+
+def _cpu_affinity(pynvml: Any, handle: Any, index: int, nr_cpus: int) -> frozenset[int] | None:
+    """nvmlDeviceGetCpuAffinity: the GPU's ideal CPUs as 64-bit words (nvml.h: an array of
+    unsigned long, CPU n at bit n % 64 of word n // 64)."""
+    try:
+        words = pynvml.nvmlDeviceGetCpuAffinity(handle, (nr_cpus + 63) // 64)
+    except Exception as exc:
+        log.debug("nvml: nvmlDeviceGetCpuAffinity failed for GPU %d: %s", index, exc)
+        return None
+    return frozenset(
+        64 * w + bit for w, value in enumerate(words) for bit in range(64) if int(value) >> bit & 1
+    )
+
+
+def _saved_affinity(value: object) -> frozenset[int] | None:
+    """A tree's saved affinity (a cpulist, as capture writes it); anything else is unknown."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_cpulist(value)
+    except CpuListError:
+        return None
 
 
 def read_gpus(host: Host) -> list[NvmlGpu] | None:
@@ -40,7 +67,12 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
             return None
         return [
             NvmlGpu(
-                g["index"], g["bdf"], g["name"], g.get("utilization_gpu"), tuple(g.get("pids", ()))
+                g["index"],
+                g["bdf"],
+                g["name"],
+                g.get("utilization_gpu"),
+                tuple(g.get("pids", ())),
+                _saved_affinity(g.get("cpu_affinity")),
             )
             for g in saved
         ]
@@ -53,6 +85,8 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
     except Exception as exc:  # pynvml raises NVMLError subclasses for every cause
         log.debug("nvml: not available: %s", exc)
         return None
+    possible = host.read_optional("/sys/devices/system/cpu/possible")
+    nr_cpus = max(parse_cpulist(possible), default=1023) + 1 if possible else 1024
     try:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -80,6 +114,7 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
                     name.decode() if isinstance(name, bytes) else str(name),
                     util,
                     tuple(sorted(pids)),
+                    _cpu_affinity(pynvml, h, i, nr_cpus),
                 )
             )
         return out

@@ -14,6 +14,7 @@ from gputuned.topology import GpuRef, HostCpus
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
+PCI_DEVICES = "/sys/bus/pci/devices"
 CGROUP_MNT = "/sys/fs/cgroup"
 
 
@@ -45,12 +46,56 @@ def read_host_cpus(host: Host, topo: PciTopology, nvml: list[NvmlGpu] | None) ->
         online=online,
         numa=numa,
         gpus=refs,
+        smt=read_smt(host, online),
         isolated=parse_cpulist(host.read_optional(f"{CPU_DIR}/isolated") or ""),
         # Without nohz_full= on the command line the file reads "(null)" (kernel 6.12).
         nohz_full=parse_cpulist(
             (host.read_optional(f"{CPU_DIR}/nohz_full") or "").replace("(null)", "")
         ),
     )
+
+
+def read_smt(host: Host, online: frozenset[int]) -> tuple[frozenset[int], ...]:
+    """Each core's CPUs, from ``cpuN/topology/thread_siblings_list`` (drivers/base/topology.c).
+
+    One read per core: a CPU already listed as a sibling is not read again. Empty when no CPU
+    has the file (a tree or kernel without it): callers then treat each CPU as a core.
+    """
+    cores: list[frozenset[int]] = []
+    seen: set[int] = set()
+    for cpu in sorted(online):
+        if cpu in seen:
+            continue
+        raw = host.read_optional(f"{CPU_DIR}/cpu{cpu}/topology/thread_siblings_list")
+        if raw is None:
+            continue
+        core = (parse_cpulist(raw) & online) | {cpu}
+        cores.append(frozenset(core))
+        seen |= core
+    return tuple(cores)
+
+
+def read_irq_nodes(host: Host) -> dict[int, int]:
+    """IRQ number -> NUMA node of the PCI function that owns it (its MSI/MSI-X vectors in
+    ``msi_irqs/`` and its INTx line in ``irq``), for functions with a node. Read from sysfs
+    attributes only, without config space."""
+    out: dict[int, int] = {}
+    try:
+        names = host.listdir(PCI_DEVICES)
+    except errors.TargetGone:
+        return out
+    for bdf in sorted(names):
+        base = f"{PCI_DEVICES}/{bdf}"
+        node = host.read_optional(f"{base}/numa_node")
+        if node is None or not node.strip().lstrip("-").isdigit() or int(node) < 0:
+            continue
+        irqs = [host.read_optional(f"{base}/irq") or ""]
+        if host.is_dir(f"{base}/msi_irqs"):
+            irqs += host.listdir(f"{base}/msi_irqs")
+        for n in irqs:
+            if n.strip().isdigit() and int(n) > 0:
+                out.setdefault(int(n), int(node))
+    return out
 
 
 @dataclass(frozen=True)

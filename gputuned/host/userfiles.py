@@ -25,6 +25,8 @@ def read_user_file(path: str | Path) -> bytes:
     it without end. Run as root, a file that another user could have written is refused too
     (see :func:`untrusted_reason`): whoever can change a profile decides what gputuned writes.
     """
+    if "\0" in str(path):  # said here: Python's own words for it differ between versions
+        raise ProfileError(str(path), [("", "cannot read: the path holds a NUL byte; check it")])
     try:
         # Looked at before it is opened: opening a device or FIFO can block or act.
         not_regular = _not_regular(os.stat(path))
@@ -42,7 +44,7 @@ def read_user_file(path: str | Path) -> bytes:
                         return data
                     why = f"larger than {MAX_USER_FILE >> 20} MiB; a profile is a few KiB"
                     raise ProfileError(str(path), [("", f"refused: {why}; check the path")])
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+    except OSError as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ProfileError(str(path), [("", f"cannot read: {reason}; check the path")]) from exc
     if not_regular is not None:

@@ -31,6 +31,18 @@ for interrupts and `[bootargs]` (`nohz_full`, `rcu_nocbs`, `irqaffinity`) for th
 
 Processes get into the partition through `[[process]]` rules with `move_to_partition = true`.
 
+Several partitions: `partitions = "node"` makes one sibling partition per NUMA node, holding
+the set's CPUs there (`<cgroup>.node0`, `<cgroup>.node1`, ...); `partitions = "gpu"` one per
+GPU, holding that GPU's member of a `per = "gpu"` set (`<cgroup>.gpu0`, ...). Each is made and
+read back like the single one, and a partition the kernel turns invalid is reported with its
+reason. A process can be in one cgroup only and gputuned does not yet choose the partition of
+each process by the GPU it uses, so `move_to_partition` needs `partitions = "one"`; the shipped
+profiles use one partition spanning the server's CPUs on every node, with sets and IRQs per
+GPU, which is right for a tensor-parallel server whose workers use every GPU.
+
+Housekeeping: `plan` refuses a layout that leaves any NUMA node fewer than
+`housekeeping_cores` whole cores outside the partitions and `[bootargs] nohz_full`.
+
 `favordynmods = true` remounts the cgroup v2 hierarchy with that option added
 (Documentation/admin-guide/cgroup-v2.rst, "favordynmods", Linux 6.0+). Moving a process writes
 its PID to `cgroup.procs`, which takes the kernel's cgroup_threadgroup_rwsem for writing; without
@@ -59,6 +71,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     ValidationInfo,
     field_validator,
@@ -67,6 +80,7 @@ from pydantic import (
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.cpusets import PartitionSpec, partition_layout, shared_cpus
 from gputuned.host import Host, mounts
 from gputuned.host.system import Partition, valid_partitions
 
@@ -97,7 +111,25 @@ class Config(BaseModel):
         default="gputuned.inference",
         description=(
             "cgroup created for the partition, relative to the cgroup v2 mount; "
-            "no leading '/', no '..'."
+            "no leading '/', no '..'. With several partitions, each is this name plus "
+            "'.node<N>' or '.gpu<N>'."
+        ),
+    )
+    partitions: Literal["one", "node", "gpu"] = Field(
+        default="one",
+        description=(
+            "'one' partition holding the whole set (every node), one sibling partition per "
+            "NUMA 'node' (the set's CPUs there), or one per 'gpu' (each member of a per = "
+            "'gpu' set). [[process]] move_to_partition needs 'one'."
+        ),
+    )
+    housekeeping_cores: StrictInt = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Whole cores every NUMA node must keep outside the partitions and nohz_full for "
+            "the rest of the system; plan refuses a layout that leaves fewer. 0 turns the "
+            "check off."
         ),
     )
     favordynmods: StrictBool = Field(
@@ -121,6 +153,17 @@ class Config(BaseModel):
         mode = info.data.get("mode")
         if value is None and mode not in (None, "none"):
             raise ValueError(f"mode {mode!r} needs cpus = '<name of a [cpusets] set>'")
+        return value
+
+    @field_validator("partitions")
+    @classmethod
+    def _partitions_need_a_partition_mode(cls, value: str, info: ValidationInfo) -> str:
+        mode = info.data.get("mode")
+        if value != "one" and mode not in (None, "root", "isolated"):
+            raise ValueError(
+                f"{value!r} makes partitions, and mode {mode!r} makes none; use mode 'root' or "
+                "'isolated', or partitions = 'one'"
+            )
         return value
 
     @field_validator("cgroup")
@@ -164,11 +207,13 @@ class CpusetTuner:
             )
             return out
         layout = ctx.cgroup
+        parts = partition_layout(cfg, ctx.sets, ctx.cpus)
+        names = ", ".join(p.cgroup for p in parts)
         if not layout.partitions_possible or layout.v2_mount is None:
             out.refused.append(
                 Refusal(
                     self.name,
-                    f"partition {cfg.cgroup}",
+                    f"partition {names}",
                     f"not possible here: {layout.why_no_partitions}; falling back to per-thread "
                     f"affinity on {format_cpulist(cpus)}",
                 )
@@ -178,25 +223,26 @@ class CpusetTuner:
             out.refused.append(
                 Refusal(
                     self.name,
-                    f"partition {cfg.cgroup}",
+                    f"partition {names}",
                     f"set {cfg.cpus!r} ({format_cpulist(cpus)}) is every online CPU; a partition "
                     "must leave CPUs for the rest of the host",
                 )
             )
             return out
-        self._plan_partition(ctx, cfg, cpus, layout.v2_mount, out)
-        held = _held_by_others(ctx.host, layout.v2_mount, cfg.cgroup, cpus)
+        shared = shared_cpus(parts)
+        if shared:
+            out.refused.append(_shared_refusal(self.name, cfg, shared))
+            return out
+        self._plan_controller(ctx, layout.v2_mount, cfg.report_only, out)
+        for part in parts:
+            self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
+        ours = {p.cgroup for p in parts}
+        held = _held_by_others(ctx.host, layout.v2_mount, ours, cpus)
         if held:
             out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
         return out
 
-    def _plan_partition(
-        self, ctx: PlanContext, cfg: Config, cpus: frozenset[int], mount: str, out: TunerPlan
-    ) -> None:
-        host = ctx.host
-        group = f"{mount}/{cfg.cgroup}"
-        ro = cfg.report_only
-        cpulist = format_cpulist(cpus)
+    def _plan_controller(self, ctx: PlanContext, mount: str, ro: bool, out: TunerPlan) -> None:
         out.changes.append(
             Change(
                 self.name,
@@ -211,14 +257,23 @@ class CpusetTuner:
                 in_sync="cpuset" in ctx.cgroup.v2_subtree,
             )
         )
+
+    def _plan_partition(
+        self, ctx: PlanContext, cfg: Config, part: PartitionSpec, mount: str, out: TunerPlan
+    ) -> None:
+        host = ctx.host
+        group = f"{mount}/{part.cgroup}"
+        ro = cfg.report_only
+        cpus = part.cpus
+        cpulist = format_cpulist(cpus)
         exists = host.is_dir(group)
         out.changes.append(
             Change(
                 self.name,
-                f"cgroup {cfg.cgroup}",
+                f"cgroup {part.cgroup}",
                 "present" if exists else "absent",
                 "present",
-                "holds the partition",
+                f"holds the partition{part.of}",
                 group,
                 ro,
                 kind="cgroup",
@@ -252,7 +307,7 @@ class CpusetTuner:
             out.changes.append(
                 Change(
                     self.name,
-                    f"{cfg.cgroup} {name}",
+                    f"{part.cgroup} {name}",
                     have or "-",
                     value,
                     why,
@@ -343,15 +398,34 @@ def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:
     )
 
 
-def _held_by_others(host: Host, mount: str, cgroup: str, cpus: frozenset[int]) -> list[Partition]:
+def _shared_refusal(
+    tuner: str, cfg: Config, pairs: list[tuple[PartitionSpec, PartitionSpec]]
+) -> Refusal:
+    shown = "; ".join(
+        f"{a.cgroup} and {b.cgroup} on {format_cpulist(a.cpus & b.cpus)}" for a, b in pairs
+    )
+    return Refusal(
+        tuner,
+        f"partitions {cfg.cgroup}.*",
+        f"set {cfg.cpus!r} gives some GPUs the same CPUs ({shown}) and two partitions cannot "
+        "share a CPU; use partitions = 'node', or give the set more cores per GPU",
+        blocking=not cfg.report_only,
+    )
+
+
+def _held_by_others(
+    host: Host, mount: str, ours: set[str], cpus: frozenset[int]
+) -> list[Partition]:
     """Valid partitions other than ours that hold any of ``cpus``.
 
-    Our own cgroup, its ancestors (a nested partition takes its CPUs from them) and its
+    Our own cgroups, their ancestors (a nested partition takes its CPUs from them) and their
     descendants (partitions made inside ours) do not count.
     """
 
     def related(other: str) -> bool:
-        return other == cgroup or cgroup.startswith(other + "/") or other.startswith(cgroup + "/")
+        return any(
+            other == cg or cg.startswith(other + "/") or other.startswith(cg + "/") for cg in ours
+        )
 
     return [p for p in valid_partitions(host, mount) if p.cpus & cpus and not related(p.cgroup)]
 

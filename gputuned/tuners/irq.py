@@ -1,11 +1,21 @@
 """IRQ affinity: GPU interrupts near the inference CPUs, every other interrupt away from them.
 
-- `gpu_cpus`: the GPUs' MSI/MSI-X vectors go to this CPU set, one vector per CPU when `spread`
-  is on. The NVIDIA driver's vectors are not kernel-managed, so they can move.
+- `gpu_cpus`: each GPU's MSI/MSI-X vectors go to its own CPUs of this set: its member of a
+  `per = "gpu"` set, else the set's CPUs on the GPU's NUMA node. Only where the set has no CPU
+  on that node do they go to the set's other CPUs, and the plan says so: a vector handled on
+  another socket sends every completion across the interconnect. With `spread`, one vector
+  per CPU, the first thread of every core before any second thread; GPUs that share CPUs
+  continue one round robin. The NVIDIA driver's vectors are not kernel-managed, so they can
+  move.
 - `others_cpus`: every other movable IRQ goes to this set, typically the housekeeping CPUs, so
-  that network, disk and timer interrupts stop landing on the CPUs the server runs on.
+  that network, disk and timer interrupts stop landing on the CPUs the server runs on: to the
+  set's CPUs on the NUMA node of the PCI device that owns the IRQ (all of the set for IRQs of
+  no PCI device, or where the set has none on that node).
 - `default_affinity`: written to `/proc/irq/default_smp_affinity`, so IRQs allocated later
-  (hot-plugged devices, drivers loaded later) land on this set too.
+  (hot-plugged devices, drivers loaded later) land on this set too (all its CPUs).
+
+On a host with more than 32 CPUs, `plan` refuses a layout that puts every movable IRQ on a
+single CPU: one CPU then takes a whole host's interrupts.
 
 Each takes the name of a set from `[cpusets]`, or `"keep"` to leave that part alone.
 
@@ -32,6 +42,18 @@ from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, format_mask
 from gputuned.host import irqbalance
+from gputuned.topology import HostCpus
+
+#: Above this many online CPUs, plan refuses a layout that puts every movable IRQ on one CPU.
+ONE_CPU_LIMIT = 32
+
+
+def spread_order(cpus: frozenset[int], host: HostCpus) -> list[int]:
+    """``cpus`` in the order vectors are handed out: the first thread of every core, then the
+    second threads, so that vectors share a core only once every core has one."""
+    units = [sorted(u) for u in host.units(cpus)]
+    depth = max((len(u) for u in units), default=0)
+    return [u[k] for k in range(depth) for u in units if k < len(u)]
 
 
 class Config(BaseModel):
@@ -78,25 +100,14 @@ class IrqTuner:
         out = TunerPlan()
         if cfg is None:
             return out
-        sets = ctx.sets.sets
-        gpu_irqs = {i.irq: g.bdf for g in ctx.snap.topo.gpus() for i in g.irqs}
         known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write" and f.recorded}
         names = {i.irq: i.name for i in ctx.irqs}
         # irq -> (wanted CPUs, compare mode, why). GPU vectors get exactly their CPU; any other
         # IRQ only has to stay inside the others set ("cpulist_subset").
         wanted: dict[int, tuple[frozenset[int], str, str]] = {}
-        if cfg.gpu_cpus != "keep":
-            cpus = sorted(sets[cfg.gpu_cpus])
-            why = f"GPU vector -> irq.gpu_cpus ({cfg.gpu_cpus})"
-            for n, irq in enumerate(sorted(gpu_irqs)):
-                target = frozenset({cpus[n % len(cpus)]}) if cfg.spread else frozenset(cpus)
-                wanted[irq] = (target, "cpulist", f"{gpu_irqs[irq]} {why}")
+        gpu_irqs = self._gpu_vectors(ctx, cfg, wanted, out)
         if cfg.others_cpus != "keep":
-            others = sets[cfg.others_cpus]
-            why = f"not a GPU vector -> irq.others_cpus ({cfg.others_cpus})"
-            for line in ctx.irqs:
-                if line.irq not in gpu_irqs and line.affinity is not None:
-                    wanted[line.irq] = (others, "cpulist_subset", why)
+            self._others(ctx, cfg, gpu_irqs, wanted)
         current = {i.irq: i.affinity for i in ctx.irqs}
         for g in ctx.snap.topo.gpus():
             current.update({i.irq: i.affinity for i in g.irqs})
@@ -131,8 +142,9 @@ class IrqTuner:
                     in_sync=in_sync,
                 )
             )
+        self._one_cpu_guard(ctx, cfg, wanted, current, known_bad, out)
         if cfg.default_affinity != "keep" and ctx.default_affinity is not None:
-            want = sets[cfg.default_affinity]
+            want = ctx.sets.sets[cfg.default_affinity]
             nr = ctx.cpus.nr_cpus
             out.changes.append(
                 Change(
@@ -149,6 +161,106 @@ class IrqTuner:
             )
         self._irqbalance(ctx, out)
         return out
+
+    def _gpu_vectors(
+        self,
+        ctx: PlanContext,
+        cfg: Config,
+        wanted: dict[int, tuple[frozenset[int], str, str]],
+        out: TunerPlan,
+    ) -> frozenset[int]:
+        """Each GPU's vectors onto its own CPUs of irq.gpu_cpus; returns every GPU vector.
+
+        A GPU's completions are handled where its vectors land: on another node they cross
+        the socket interconnect. So a GPU's vectors go to its member of a per-GPU set, else to
+        the set's CPUs local to the GPU, and only to other CPUs where the set has none there.
+        """
+        devices = {d.bdf: d for d in ctx.snap.topo.gpus()}
+        every = frozenset(i.irq for d in devices.values() for i in d.irqs)
+        if cfg.gpu_cpus == "keep":
+            return every
+        # GPUs that share CPUs (a plain set, or a node with fewer cores than GPUs) continue one
+        # round robin over them, rather than each starting again at the first CPU.
+        next_at: dict[frozenset[int], int] = {}
+        for gpu in ctx.cpus.gpus:
+            dev = devices.get(gpu.bdf)
+            if dev is None or not dev.irqs:
+                continue
+            cpus, where = ctx.sets.for_gpu(cfg.gpu_cpus, gpu, ctx.cpus)
+            node = ctx.cpus.gpu_node(gpu)
+            on = f"node {node}" if node is not None else "its local CPUs"
+            if where == "elsewhere":
+                out.notes.append(
+                    f"irq: set {cfg.gpu_cpus!r} has no CPU on {on}, the NUMA node of GPU "
+                    f"{gpu.index} ({gpu.bdf}); its {len(dev.irqs)} vectors go to "
+                    f"{format_cpulist(cpus)}, off its node"
+                )
+            order = spread_order(cpus, ctx.cpus)
+            whose = {"own": f"GPU {gpu.index}'s", "local": on}.get(where, "off its node")
+            why = f"GPU {gpu.index} vector -> irq.gpu_cpus ({cfg.gpu_cpus}, {whose})"
+            start = next_at.get(cpus, 0)
+            for n, irq in enumerate(sorted(i.irq for i in dev.irqs), start):
+                target = frozenset({order[n % len(order)]}) if cfg.spread else cpus
+                wanted[irq] = (target, "cpulist", f"{gpu.bdf} {why}")
+            next_at[cpus] = start + len(dev.irqs)
+        return every
+
+    def _others(
+        self,
+        ctx: PlanContext,
+        cfg: Config,
+        gpu_irqs: frozenset[int],
+        wanted: dict[int, tuple[frozenset[int], str, str]],
+    ) -> None:
+        """Every other IRQ onto irq.others_cpus on its device's NUMA node (all of the set for
+        IRQs of no PCI device, or where the set has no CPU on that node)."""
+        whole = ctx.sets.sets[cfg.others_cpus]
+        for line in ctx.irqs:
+            if line.irq in gpu_irqs or line.affinity is None:
+                continue
+            node = ctx.irq_nodes.get(line.irq)
+            target = ctx.sets.for_node(cfg.others_cpus, node, ctx.cpus)
+            where = f", node {node}" if target != whole else ""
+            why = f"not a GPU vector -> irq.others_cpus ({cfg.others_cpus}{where})"
+            wanted[line.irq] = (target, "cpulist_subset", why)
+
+    def _one_cpu_guard(
+        self,
+        ctx: PlanContext,
+        cfg: Config,
+        wanted: dict[int, tuple[frozenset[int], str, str]],
+        current: dict[int, frozenset[int] | None],
+        known_bad: dict[str, int],
+        out: TunerPlan,
+    ) -> None:
+        """Refuse to put every movable IRQ of a host with more than 32 CPUs on one CPU.
+
+        One CPU then takes every device's interrupts, on every node: a public GPU tuning
+        profile that did so (CPU 0) on an H100 host cut serving throughput to a third.
+        """
+        online = ctx.cpus.online
+        if len(online) <= ONE_CPU_LIMIT or not wanted:
+            return
+        after = [
+            wanted[irq][0] if irq in wanted else have
+            for irq, have in current.items()
+            if have is not None and f"/proc/irq/{irq}/smp_affinity_list" not in known_bad
+        ]
+        landing = frozenset().union(*after) if after else frozenset()
+        if len(after) > 1 and len(landing) == 1:
+            reason = (
+                f"every movable IRQ ({len(after)}) would land on CPU {format_cpulist(landing)} "
+                f"of {len(online)} online CPUs; one CPU cannot take a whole host's interrupts: "
+                "give irq.others_cpus a core on every node (per = 'node')"
+            )
+            out.refused.append(
+                Refusal(
+                    self.name,
+                    "all IRQs",
+                    f"report only: {reason}" if cfg.report_only else reason,
+                    blocking=not cfg.report_only,
+                )
+            )
 
     def _irqbalance(self, ctx: PlanContext, out: TunerPlan) -> None:
         """irqbalance would undo the placement: tell it, or say plainly that it conflicts.

@@ -3,12 +3,15 @@
 
     python3 tests/data/build_trees.py
 
-Four trees, each rebuilt from scratch (only these four directories are replaced):
+Six trees, each rebuilt from scratch (only these six directories are replaced):
 
 - ``h200-vm`` and ``ci-vm``: from the captures ``shared/hosts/h200-vm.json`` and ``ci-vm.json``.
-- ``dual-socket-8gpu`` and ``degraded-link``: synthetic, assembled from real register dumps
-  (the H200 of the capture, an Intel Xeon root port and a PLX switch, sources below). Every byte
-  that differs from its source is changed by a named edit in this file, with the reason.
+- ``dual-socket-8gpu``, ``degraded-link``, ``four-gpu-one-socket`` and ``two-gpu-one-node``:
+  synthetic, assembled from real register dumps (the H200 of the capture, an Intel Xeon root
+  port and a PLX switch, sources below). Every byte that differs from its source is changed by
+  a named edit in this file, with the reason. The multi-GPU trees take their CPU and NUMA files
+  (``cpu*/topology``, ``node*``) from a real kernel: captures of a QEMU guest with that CPU
+  topology, in ``tests/data/topology`` (its ``capture.py`` says how they were made).
 
 Other trees under tests/data/hosts (``h200-captured``, written by ``gputunectl capture``) are
 left alone. Output is deterministic: the same inputs give byte-identical trees. Git keeps no empty
@@ -26,6 +29,7 @@ import shutil
 import struct
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +38,17 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
 from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist  # noqa: E402
+from tests.data.topology import sysfs as topology_sysfs  # noqa: E402
 
 HOSTS = HERE / "hosts"
-TREE_NAMES = ("h200-vm", "ci-vm", "dual-socket-8gpu", "degraded-link")
+TREE_NAMES = (
+    "h200-vm",
+    "ci-vm",
+    "dual-socket-8gpu",
+    "degraded-link",
+    "four-gpu-one-socket",
+    "two-gpu-one-node",
+)
 
 # The kernel's own text for the ASPM policy ends every word with a space, the last one too
 # (pcie_aspm_get_policy in drivers/pci/pcie/aspm.c); the captures stored it stripped.
@@ -697,7 +709,6 @@ class Switch:
     dsp_mps_cap: tuple[int, int]  # DevCap MPS of its two downstream ports
 
 
-DUAL_CPUS = {0: "0-31", 1: "32-63"}
 DUAL_SWITCHES = (
     # The second downstream port of the first switch supports only 128-byte payloads (DevCap
     # 2:0 = 0, as a PEX port configured for 128 bytes reports). pcie_bus_safe takes the minimum
@@ -774,33 +785,17 @@ def dsp_config(sw: Switch, k: int) -> bytes:
     return bytes(cfg)
 
 
-def build_dual_socket(shared: Path) -> Tree:
-    h200 = h200_config(shared)
-    tree = Tree(
-        "dual-socket-8gpu",
-        "synthetic",
-        "Two sockets, 64 CPUs (node0 0-31, node1 32-63), 8 NVIDIA H200 in pairs behind four "
-        "PLX PEX 8749 switches, each under its own Intel Haswell-E root port (00:02.0, 00:03.0 "
-        "on node 0; 80:02.0, 80:03.0 on node 1). Config spaces are real dumps, edited only where "
-        "the topology needs it (tests/data/build_trees.py names every edit): GPUs from the "
-        "captured H200 of h200-vm; root ports from pciutils tests/cap-aer-root (lspci -vvxxxx "
-        "of 8086:2f04 Haswell-E Root Port 2); switch ports from the lspci -vvxxx of an Arm "
-        "N1SDP (PEX 8749 01:00.0 upstream, 02:12.0 downstream) attached to 'Re: [PATCH] pcie: "
-        "Add quirk for the Arm Neoverse N1SDP platform' (linux-arm-kernel, 2019-12-11, "
-        "<20191211110049.54a2d6f3@donnerap.cambridge.arm.com>); that switch is limited to "
-        "5GT/s, so every GPU link trains at 5GT/s x16 (below its 32GT/s capability, x16 of "
-        "x16). Downstream port 02:10.0 supports only 128-byte payloads: the GPU 04:00.0 behind "
-        "it has a 128-byte path; MPS was programmed as pcie_bus_safe does, the minimum under "
-        "each root port, so root port 00:02.0, its switch and both its GPUs run at 128 and the "
-        "other three hierarchies at 256. The OS owns ASPM (policy writable, default): links "
-        "from a switch port to a GPU show link/clkpm (the H200 has ClockPM+); no link shows "
-        "l1_aspm because the H200 accepts at most 1us of L1 exit latency and every L1 exit "
-        "latency here is longer (pcie_aspm_check_latency). 8 MSI-X vectors per GPU, all IRQs on "
-        "all CPUs. Bridge IRQs are not modelled.",
-    )
+def add_switched_gpus(
+    tree: Tree, h200: bytes, switches: tuple[Switch, ...], nodes: dict[int, str]
+) -> list[tuple[int, str, int, str]]:
+    """Each switch's root port, PEX 8749 and two GPUs; returns the GPUs' /proc/interrupts rows.
+
+    Every function's local_cpulist is its node's CPU list, as the kernel prints it for a
+    device on that node (drivers/pci/pci-sysfs.c, cpumask_of_node)."""
+    nr = len(parse_cpulist(",".join(nodes.values())))
     rows: list[tuple[int, str, int, str]] = []
-    for j, sw in enumerate(DUAL_SWITCHES):
-        cpus = DUAL_CPUS[sw.node]
+    for j, sw in enumerate(switches):
+        cpus = nodes[sw.node]
         rp_dir = f"/sys/devices/{sw.host}"
         add_function(tree, Function(sw.rp, rp_dir, root_port_config(sw, j), sw.node, cpus, 11))
         usp_bdf = f"0000:{sw.usp_bus:02x}:00.0"
@@ -833,16 +828,150 @@ def build_dual_socket(shared: Path) -> Tree:
                 ),
             )
             for hw, n in enumerate(vectors):
-                add_irq(tree, n, "0-63", 64)
+                add_irq(tree, n, format_cpulist(range(nr)), nr)
                 rows.append((n, f"PCI-MSIX-{gpu_bdf}", hw, "nvidia"))
-    tree.text("/proc/interrupts", interrupts_text(64, rows))
-    tree.text("/proc/irq/default_smp_affinity", format_mask(range(64), 64) + "\n")
+    return rows
+
+
+def add_gpu_host_files(
+    tree: Tree, rows: list[tuple[int, str, int, str]], nodes: dict[int, str]
+) -> None:
+    """/proc/interrupts with the GPUs' rows, every IRQ allowed on every CPU, an Ubuntu kernel's
+    command line, the default ASPM policy (owned by the OS) and cgroup v2 with cpuset."""
+    nr = len(parse_cpulist(",".join(nodes.values())))
+    tree.text("/proc/interrupts", interrupts_text(nr, rows))
+    tree.text("/proc/irq/default_smp_affinity", format_mask(range(nr), nr) + "\n")
     tree.text(
         "/proc/cmdline", "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=/dev/sda2 ro quiet\n"
     )
     tree.text(ASPM_POLICY_PATH, ASPM_POLICY_DEFAULT)
-    add_cpus_and_nodes(tree, "0-63", DUAL_CPUS)
-    add_cgroup2(tree, "0-63", "0-1")
+    add_cgroup2(tree, format_cpulist(range(nr)), format_cpulist(nodes))
+
+
+def add_captured_cpus(
+    tree: Tree, shape: str, renumber: Callable[[int], int] | None
+) -> dict[int, str]:
+    """The CPU and node files of a topology capture (tests/data/topology); node -> cpulist."""
+    files, nodes = topology_sysfs.cpu_files(shape, renumber)
+    for path, text in files.items():
+        tree.text(path, text)
+    return nodes
+
+
+def topology_source(shape: str) -> str:
+    cap = topology_sysfs.load(shape)
+    return (
+        f"CPU topology and NUMA files from tests/data/topology/{shape}.json: {cap['source']}, "
+        f"QEMU -smp {cap['qemu_topology'][-1]}, captured {cap['captured']}"
+    )
+
+
+def build_dual_socket(shared: Path) -> Tree:
+    h200 = h200_config(shared)
+    # Two sockets of 16 cores, 2 threads each, numbered as such servers' firmware does: every
+    # core's first thread, socket by socket, then every second thread (siblings N and N+32).
+    nodes_renumber = topology_sysfs.cores_first(2, 16, 2)
+    tree = Tree(
+        "dual-socket-8gpu",
+        "synthetic",
+        "Two sockets of 16 cores with 2 SMT threads each, 64 CPUs numbered as two-socket "
+        "servers' firmware usually numbers them (node0 0-15,32-47, node1 16-31,48-63; siblings "
+        "N and N+32), 8 NVIDIA H200 in pairs behind four "
+        "PLX PEX 8749 switches, each under its own Intel Haswell-E root port (00:02.0, 00:03.0 "
+        "on node 0; 80:02.0, 80:03.0 on node 1). Config spaces are real dumps, edited only where "
+        "the topology needs it (tests/data/build_trees.py names every edit): GPUs from the "
+        "captured H200 of h200-vm; root ports from pciutils tests/cap-aer-root (lspci -vvxxxx "
+        "of 8086:2f04 Haswell-E Root Port 2); switch ports from the lspci -vvxxx of an Arm "
+        "N1SDP (PEX 8749 01:00.0 upstream, 02:12.0 downstream) attached to 'Re: [PATCH] pcie: "
+        "Add quirk for the Arm Neoverse N1SDP platform' (linux-arm-kernel, 2019-12-11, "
+        "<20191211110049.54a2d6f3@donnerap.cambridge.arm.com>); that switch is limited to "
+        "5GT/s, so every GPU link trains at 5GT/s x16 (below its 32GT/s capability, x16 of "
+        "x16). Downstream port 02:10.0 supports only 128-byte payloads: the GPU 04:00.0 behind "
+        "it has a 128-byte path; MPS was programmed as pcie_bus_safe does, the minimum under "
+        "each root port, so root port 00:02.0, its switch and both its GPUs run at 128 and the "
+        "other three hierarchies at 256. The OS owns ASPM (policy writable, default): links "
+        "from a switch port to a GPU show link/clkpm (the H200 has ClockPM+); no link shows "
+        "l1_aspm because the H200 accepts at most 1us of L1 exit latency and every L1 exit "
+        "latency here is longer (pcie_aspm_check_latency). 8 MSI-X vectors per GPU, all IRQs on "
+        f"all CPUs. Bridge IRQs are not modelled. {topology_source('2s16c2t')}; CPUs "
+        "renumbered from QEMU's order (siblings 2k, 2k+1) to the one above "
+        "(tests/data/topology/sysfs.py cores_first), every list and mask with them.",
+    )
+    nodes = add_captured_cpus(tree, "2s16c2t", nodes_renumber)
+    add_gpu_host_files(tree, add_switched_gpus(tree, h200, DUAL_SWITCHES, nodes), nodes)
+    return tree
+
+
+# --------------------------------------------------------------------------------------------
+# four-gpu-one-socket and two-gpu-one-node
+# --------------------------------------------------------------------------------------------
+
+FOUR_SWITCHES = (
+    Switch("pci0000:00", "0000:00:02.0", 0x2F04, 0x01, 0, 0, 256, (256, 256)),
+    Switch("pci0000:00", "0000:00:03.0", 0x2F08, 0x05, 2, 0, 256, (256, 256)),
+)
+
+
+def build_four_gpu(shared: Path) -> Tree:
+    tree = Tree(
+        "four-gpu-one-socket",
+        "synthetic",
+        "Two sockets of 16 cores with 2 SMT threads each, 64 CPUs numbered as QEMU numbers "
+        "them (siblings 2k, 2k+1; node0 0-31, node1 32-63), and 4 NVIDIA H200, all on socket 0: "
+        "in pairs behind two PLX PEX 8749 switches under the Haswell-E root ports 00:02.0 and "
+        "00:03.0, built as in dual-socket-8gpu (same templates and edits, every switch port "
+        "supporting 256-byte payloads, so every hierarchy runs at MPS 256; links at 5GT/s x16). "
+        "Socket 1 has no GPU. 8 MSI-X vectors per GPU, all IRQs on all CPUs; bridge IRQs are "
+        f"not modelled. {topology_source('2s16c2t')}, as the guest numbered them.",
+    )
+    nodes = add_captured_cpus(tree, "2s16c2t", None)
+    rows = add_switched_gpus(tree, h200_config(shared), FOUR_SWITCHES, nodes)
+    add_gpu_host_files(tree, rows, nodes)
+    return tree
+
+
+def build_two_gpu(shared: Path) -> Tree:
+    tree = Tree(
+        "two-gpu-one-node",
+        "synthetic",
+        "One socket of 8 cores with 2 SMT threads each, 16 CPUs on one NUMA node, numbered as "
+        "QEMU numbers them (siblings 2k, 2k+1), and 2 NVIDIA H200 (captured config of h200-vm), "
+        "each directly under its own Intel Haswell-E root port (pciutils tests/cap-aer-root, "
+        "8086:2f04; the port at device 3 as 8086:2f08), edited as in degraded-link but healthy: "
+        "x16 ports, links trained at 8GT/s x16 (the root port's top speed), ASPM disabled "
+        "(policy default, owned by the OS: link/clkpm on both ends), MPS 256 on both ends. "
+        "8 MSI-X vectors per GPU, all IRQs on all CPUs; bridge IRQs are not "
+        f"modelled. {topology_source('1s8c2t')}, as the guest numbered them.",
+    )
+    nodes = add_captured_cpus(tree, "1s8c2t", None)
+    h200 = h200_config(shared)
+    rows: list[tuple[int, str, int, str]] = []
+    for g, (dev, dev_id) in enumerate(((0x02, 0x2F04), (0x03, 0x2F08))):
+        rp_bdf, gpu_bdf = f"0000:00:{dev:02x}.0", f"0000:{g + 1:02x}:00.0"
+        rp = bytearray(HASWELL_RP_2F04)
+        put16(rp, 0x02, dev_id)
+        set_buses(rp, 0, g + 1, g + 1)
+        put32(rp, 0x20, 0x0000FFF0)  # no non-prefetchable window: the H200's BARs are prefetchable
+        set_pref_window(rp, *gpu_window(g))
+        set_lnkcap_width(rp, 16)  # x16 ports, not bifurcated (as in dual-socket-8gpu)
+        set_lnksta(rp, 3, 16)
+        root = "/sys/devices/pci0000:00"
+        # link/clkpm on both ends, as in dual-socket-8gpu: the H200 has ClockPM+ (so the link
+        # can do clock PM); no l1_aspm, the H200's 1us acceptable L1 latency is shorter than
+        # the root port's L1 exit (pcie_aspm_check_latency)
+        clkpm = {"clkpm": "0"}
+        add_function(tree, Function(rp_bdf, root, bytes(rp), 0, nodes[0], 11, {}, None, clkpm))
+        irq = 39 + 9 * g
+        vectors = list(range(irq + 1, irq + 9))
+        gpu = gpu_config(h200, g, 256, (3, 16))
+        msix = {n: "msix" for n in vectors}
+        add_function(
+            tree, Function(gpu_bdf, f"{root}/{rp_bdf}", gpu, 0, nodes[0], irq, msix, None, clkpm)
+        )
+        for hw, n in enumerate(vectors):
+            add_irq(tree, n, "0-15", 16)
+            rows.append((n, f"PCI-MSIX-{gpu_bdf}", hw, "nvidia"))
+    add_gpu_host_files(tree, rows, nodes)
     return tree
 
 
@@ -912,7 +1041,8 @@ def build_degraded_link(shared: Path) -> Tree:
 
 def main() -> None:
     shared = shared_hosts_dir()
-    for build in (build_h200_vm, build_ci_vm, build_dual_socket, build_degraded_link):
+    builders = (build_h200_vm, build_ci_vm, build_dual_socket, build_degraded_link)
+    for build in (*builders, build_four_gpu, build_two_gpu):
         build(shared).write()
 
 

@@ -6,15 +6,23 @@ once the root file system is cached (``pytest -m "not e2e"`` leaves them out).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.e2e.nspawn import harness
+
+#: scripts/test's switch for the lanes (README, "Development"); the quick-start lane runs the
+#: suite with it off inside its containers, so that it does not start itself again.
+LANES_OFF = os.environ.get("GPUTUNED_LANES", "on") == "off"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+            if LANES_OFF:
+                item.add_marker(pytest.mark.skip(reason="not run: GPUTUNED_LANES=off"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.vm import image as vm_image
-from tests.e2e.vm.machine import Machine, remove_stale_runs
+from tests.e2e.vm.machine import EarlyDeath, Machine, remove_stale_runs
 from tests.e2e.vm.qga import GuestResult
 
 pytestmark = pytest.mark.e2e
@@ -110,6 +110,9 @@ class Lane:
         ok = sum(p.ok for p in self.phases)
         out.append(f"  {ok} of {len(self.phases)} phases passed; lane total {total:.1f} s")
         out += [f"  note: {n}" for n in self.notes]
+        for b in self.m.boots if self.m is not None else ():
+            if b.retried:  # machine.py: retried only when no program of the guest had run
+                out.append(f"  note: boot {b.number} started again once: {b.retried}")
         return out
 
 
@@ -378,11 +381,31 @@ def test_boot(lane: Lane) -> None:
         lane.facts["wheel"] = whl
         ph.detail = whl.name
     with lane.phase(
+        "early death",
+        "a boot whose kernel dies before userspace is told apart and started again once",
+    ) as ph:
+        # rdinit=/bin/false: the kernel runs a first program that exits at once, so it panics
+        # ("Attempted to kill init") before the initramfs prints its userspace mark. Both
+        # attempts must end as EarlyDeath, each with its own console log.
+        dying = Machine(img, lane.workdir / "early-death")
+        dying.create_disks()
+        t0 = time.monotonic()
+        with pytest.raises(EarlyDeath) as died:
+            dying.boot("rdinit=/bin/false")
+        dying.kill()
+        logs = sorted(p.name for p in dying.workdir.glob("console-1*.log"))
+        assert logs == ["console-1-2.log", "console-1.log"], logs
+        assert dying.boots[0].retried.startswith("boot 1 attempt 1"), dying.boots[0]
+        assert "attempt 2" in str(died.value).splitlines()[0], died.value
+        ph.detail = f"2 attempts in {time.monotonic() - t0:.0f} s: {dying.boots[0].retried}"
+    with lane.phase(
         "boot 1", "q35 guest boots to 'running'; cgroup v2 cpuset; kernel >= 6.7"
     ) as ph:
         lane.m = Machine(img, lane.workdir)
         lane.m.create_disks()
         b = lane.m.boot()
+        console = (lane.workdir / "console-1.log").read_text(errors="replace")
+        assert vm_image.USERSPACE_MARK in console, "a boot that ran must print the userspace mark"
         ph.detail = (
             f"agent after {b.qemu_to_agent_s:.0f} s, running after {b.qemu_to_running_s:.0f} s"
         )

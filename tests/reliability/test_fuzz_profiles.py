@@ -170,7 +170,11 @@ ANY_VALUE = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(TEXT, inner, max_size=3)),
     max_leaves=6,
 )
-WRONG_VALUES = st.one_of(SCALAR, st.just([1, "a"]), st.just({"x": 1}))
+# A fresh container each draw (st.builds), never st.just(<list or dict>): st.just hands out one
+# object, and a mutation in break_profile that lands inside it (an unknown key added to that
+# table) changed every later draw of it. Generation then depended on earlier examples, which
+# hypothesis reports as FlakyStrategyDefinition ("the second run stopped drawing earlier").
+WRONG_VALUES = st.one_of(SCALAR, st.builds(lambda: [1, "a"]), st.builds(lambda: {"x": 1}))
 
 
 class Chooser:
@@ -502,6 +506,31 @@ def count_mutations() -> Iterator[list[str]]:
         yield seen
     finally:
         Host._check_fault = real  # type: ignore[method-assign]
+
+
+def test_generated_values_are_fresh_objects() -> None:
+    """Values drawn for mutations must not be shared between examples: break_profile mutates
+    what it placed in a document, and a shared container would carry that into later draws."""
+    drawn: list[Any] = []
+
+    # The integer in front lets hypothesis draw the same container in many examples (a branch
+    # without choices of its own would be drawn once and then counted as exhausted).
+    @settings(max_examples=300, database=None, phases=NO_SHRINK)
+    @given(st.integers(0, 10**6), WRONG_VALUES)
+    def mutate(_n: int, value: Any) -> None:
+        if isinstance(value, list):
+            assert value == [1, "a"], value
+            value.append("mutated")
+        elif isinstance(value, dict):
+            assert value == {"x": 1}, value
+            value["mutated"] = 1
+        drawn.append(value)
+
+    mutate()
+    containers = [v for v in drawn if isinstance(v, list | dict)]
+    assert len(containers) >= 10, (
+        "the strategy must draw containers often for this to test anything"
+    )
 
 
 def test_fuzz_profiles(tmp_path: Path, terminal: list[str]) -> None:

@@ -125,7 +125,7 @@ def test_inspect_all_lists_switch_path_and_path_minimum() -> None:
     assert by["0000:04:00.0"]["mps"]["path_max"] == 128
     assert by["0000:03:00.0"]["mps"]["path_max"] == 256
     assert by["0000:83:00.0"]["numa_node"] == 1
-    assert by["0000:83:00.0"]["local_cpus"] == "32-63"
+    assert by["0000:83:00.0"]["local_cpus"] == "16-31,48-63"  # SMT siblings N and N+32
 
 
 def test_inspect_ci_vm_has_no_pcie() -> None:
@@ -268,9 +268,10 @@ def test_plan_cpuset_names_cpus_the_host_lacks() -> None:
         "cpusets": {"hk": {"cpus": "0"}, "big": {"cpus": "1-31"}},
         "cpuset": {"mode": "root", "cpus": "big"},
     }
-    result = _plan("h200-captured", prof)
-    assert ("cpusets", "cpusets.big.cpus") in {(r.tuner, r.target) for r in result.refused}
-    assert result.sets["big"] == "1-15"
+    with pytest.raises(errors.PlanError) as info:
+        _plan("h200-captured", prof)
+    # refused whole, not trimmed to the CPUs the host has (issue 15)
+    assert "cpusets.big.cpus: names CPUs 16-31 this host does not have online" in str(info.value)
 
 
 # -- capture ------------------------------------------------------------------------------------

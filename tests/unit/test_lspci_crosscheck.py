@@ -30,6 +30,8 @@ PCIE_FUNCTIONS = {
     "ci-vm": 0,  # virtio on conventional PCI only
     "dual-socket-8gpu": 24,  # 4 root ports, 4 upstream + 8 downstream switch ports, 8 GPUs
     "degraded-link": 2,  # root port + H200
+    "four-gpu-one-socket": 12,  # 2 root ports, 2 upstream + 4 downstream switch ports, 4 GPUs
+    "two-gpu-one-node": 4,  # 2 root ports, 2 GPUs
 }
 ALL_FUNCTIONS = {
     "h200-vm": 7,
@@ -37,6 +39,8 @@ ALL_FUNCTIONS = {
     "ci-vm": 6,
     "dual-socket-8gpu": 24,
     "degraded-link": 2,
+    "four-gpu-one-socket": 12,
+    "two-gpu-one-node": 4,
 }
 
 # lspci's names (ls-caps.c cap_express) -> gputuned's PORT_TYPES names.
@@ -239,4 +243,4 @@ def test_lspci_agrees_with_gputuned(tree: str, tmp_path: Path) -> None:
 
 
 def test_cross_check_is_not_vacuous() -> None:
-    assert sum(PCIE_FUNCTIONS.values()) == 28
+    assert sum(PCIE_FUNCTIONS.values()) == 44

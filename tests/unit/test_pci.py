@@ -61,7 +61,8 @@ def vectors(first: int, last: int, affinity: frozenset[int]) -> dict[int, frozen
 
 
 C16, C2, C8 = cpus(0, 15), cpus(0, 1), cpus(0, 7)
-N0, N1, ALL64 = cpus(0, 31), cpus(32, 63), cpus(0, 63)
+# dual-socket-8gpu numbers SMT siblings N and N+32: node 0 is 0-15,32-47
+N0, N1, ALL64 = cpus(0, 15) | cpus(32, 47), cpus(16, 31) | cpus(48, 63), cpus(0, 63)
 ONE = frozenset({1})
 
 # ---- h200-vm: shared/hosts/h200-vm.json ----------------------------------------------------
@@ -341,6 +342,50 @@ DEGRADED = {
     ),
 }
 
+# ---- four-gpu-one-socket: dual-socket-8gpu's socket 0 alone, every port at MPS 256 ----------
+# (QEMU's CPU numbering: node 0 is 0-31)
+S0 = cpus(0, 31)
+
+
+def switch_below(
+    rp_ids: tuple[int, int, int], rp_bdf: str, bus: int, irqs: tuple[int, int]
+) -> dict[str, Fn]:
+    """A root port of node 0, its PEX 8749 (upstream port on ``bus``) and the two GPUs below."""
+    usp_bdf = f"0000:{bus:02x}:00.0"
+    out = {
+        rp_bdf: Fn(*rp_ids, rp(256), (rp_bdf,), 256, 0, S0, {}),
+        usp_bdf: Fn(*PEX, usp(256), (usp_bdf, rp_bdf), 256, 0, S0, {}),
+    }
+    for k, dev in enumerate((0x08, 0x10)):
+        dsp_bdf, gpu_bdf = f"0000:{bus + 1:02x}:{dev:02x}.0", f"0000:{bus + 2 + k:02x}:00.0"
+        up = (dsp_bdf, usp_bdf, rp_bdf)
+        out[dsp_bdf] = Fn(*PEX, dsp(256, 256), up, 256, 0, S0, {}, CLKPM0)
+        first = irqs[k]
+        out[gpu_bdf] = Fn(
+            *H200, gpu(256), (gpu_bdf, *up), 256, 0, S0, vectors(first, first + 7, ALL64), CLKPM0
+        )
+    return out
+
+
+FOUR = {
+    **switch_below(RP2, "0000:00:02.0", 0x01, (121, 130)),
+    **switch_below(RP3, "0000:00:03.0", 0x05, (139, 148)),
+}
+
+# ---- two-gpu-one-node: two H200 under their own root ports, 8GT/s x16, MPS 256 --------------
+RP8 = Pcie("root-port", 256, 256, 128, (8.0, 16), (8.0, 16), L1, NONE)
+GPU8 = Pcie("endpoint", 256, 256, 4096, (32.0, 16), (8.0, 16), L1, NONE)
+TWO = {
+    "0000:00:02.0": Fn(*RP2, RP8, ("0000:00:02.0",), 256, 0, C16, {}, CLKPM0),
+    "0000:01:00.0": Fn(
+        *H200, GPU8, ("0000:01:00.0", "0000:00:02.0"), 256, 0, C16, vectors(40, 47, C16), CLKPM0
+    ),
+    "0000:00:03.0": Fn(*RP3, RP8, ("0000:00:03.0",), 256, 0, C16, {}, CLKPM0),
+    "0000:02:00.0": Fn(
+        *H200, GPU8, ("0000:02:00.0", "0000:00:03.0"), 256, 0, C16, vectors(49, 56, C16), CLKPM0
+    ),
+}
+
 EXPECTED: dict[str, dict[str, Fn]] = {
     "h200-vm": H200_VM,
     # `gputunectl capture` of the same lent H200 VM: same functions, IRQs and affinities
@@ -348,6 +393,8 @@ EXPECTED: dict[str, dict[str, Fn]] = {
     "ci-vm": CI_VM,
     "dual-socket-8gpu": DUAL,
     "degraded-link": DEGRADED,
+    "four-gpu-one-socket": FOUR,
+    "two-gpu-one-node": TWO,
 }
 CASES = [(tree, bdf) for tree, fns in EXPECTED.items() for bdf in fns]
 
@@ -413,6 +460,8 @@ GPUS = {
         "0000:88:00.0",
     ],
     "degraded-link": ["0000:01:00.0"],
+    "four-gpu-one-socket": ["0000:03:00.0", "0000:04:00.0", "0000:07:00.0", "0000:08:00.0"],
+    "two-gpu-one-node": ["0000:01:00.0", "0000:02:00.0"],
 }
 
 
@@ -459,6 +508,8 @@ POLICY = {
     "ci-vm": ("default", False, FIRMWARE),
     "dual-socket-8gpu": ("default", True, OS_OWNS),
     "degraded-link": ("powersave", True, OS_OWNS),
+    "four-gpu-one-socket": ("default", True, OS_OWNS),
+    "two-gpu-one-node": ("default", True, OS_OWNS),
 }
 
 
@@ -482,6 +533,8 @@ WRITE_ERRORS = {
     "ci-vm": {ASPM_POLICY, "/proc/irq/36/smp_affinity_list", "/proc/irq/36/smp_affinity"},
     "dual-socket-8gpu": set(),
     "degraded-link": set(),
+    "four-gpu-one-socket": set(),
+    "two-gpu-one-node": set(),
 }
 
 

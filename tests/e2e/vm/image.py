@@ -48,7 +48,7 @@ PACKAGES = (
     "udev",
     "dbus",
     "kmod",
-    "procps",  # /bin/kill for the unit's ExecReload=, ps
+    "procps",  # ps and kill for looking around in the guest (not needed by gputuned)
     "iproute2",  # ip link set up: the e1000e requests its MSI-X vectors when opened
     "pciutils",  # lspci -vv: the independent reading inspect is compared with
     "python3",
@@ -318,6 +318,7 @@ def _build(
     conf.write_text(re.sub(r"(?m)^MODULES=.*$", "MODULES=list", conf.read_text()))
     with (rootfs / "etc/initramfs-tools/modules").open("a") as f:
         f.write("".join(f"{m}\n" for m in INITRD_MODULES))
+    _userspace_mark(rootfs)
     chroot(rootfs, "update-initramfs", "-c", "-k", kver)
     timings["configure+initramfs"] = time.monotonic() - t0
 
@@ -399,6 +400,26 @@ def _configure(rootfs: Path) -> None:
     dropin = rootfs / "etc/systemd/journald.conf.d"
     dropin.mkdir(parents=True, exist_ok=True)
     (dropin / "gputuned-vm.conf").write_text("[Journal]\nStorage=volatile\n")
+
+
+#: Printed on the guest console by the first userspace program (the initramfs's init-top
+#: stage), at KERN_ERR so that "quiet" keeps it: a boot whose console lacks it died in the
+#: kernel, before any program of the guest ran (machine.py retries such a boot once).
+USERSPACE_MARK = "gputuned-vm: userspace started"
+
+
+def _userspace_mark(rootfs: Path) -> None:
+    script = rootfs / "etc/initramfs-tools/scripts/init-top/gputuned-vm-mark"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(
+        "#!/bin/sh\n"
+        "# gputuned e2e guest (tests/e2e/vm/image.py): userspace has started.\n"
+        'PREREQ=""\n'
+        'prereqs() { echo "$PREREQ"; }\n'
+        'case "$1" in prereqs) prereqs; exit 0;; esac\n'
+        f'echo "<3>{USERSPACE_MARK}" > /dev/kmsg\n'
+    )
+    script.chmod(0o755)
 
 
 def _build_fakegpu(rootfs: Path, kver: str) -> None:
