@@ -92,6 +92,7 @@ from gputuned.tuners.proctree import (
     policy_value,
     tuned_by,
 )
+from gputuned.tuners.procwrite import ChangeWriter
 
 __all__ = [
     "Claim",
@@ -425,7 +426,7 @@ class ProcessTuner:
         or its parent's: see proctree.origins()) got that value from gputuned's placement: its
         journaled original is that one, not the value it shows.
         """
-        w = _Writer(self.name, ctx, rule, proc, c)
+        w = ChangeWriter(self.name, ctx, rule, proc, c)
         threads = proc.threads
         if rule.nice is not None:
             w.per_thread(
@@ -487,7 +488,7 @@ class ProcessTuner:
         """A descendant the rule leaves out: where it shows what the placement passed on at
         fork, it gets its ancestor's original instead (journaled as its own, so revert leaves
         it so). Nothing where it never inherited anything from gputuned."""
-        w = _Writer(self.name, ctx, rule, proc, c)
+        w = ChangeWriter(self.name, ctx, rule, proc, c)
         for attr in ("nice", "policy", "cgroup", "affinity"):
             was = orig.get(attr)
             if was is None:
@@ -503,100 +504,6 @@ class ProcessTuner:
                 shown = "what its cgroup allows" if was == DEFAULT_AFFINITY else was
                 w.per_thread(attr, now, back, shown, orig, tuned, give_back=True)
         return w.out
-
-
-class _Writer:
-    """Builds the changes of one process (see ProcessTuner._plan_proc)."""
-
-    def __init__(self, tuner: str, ctx: PlanContext, rule: Config, proc: ProcInfo, c: Claim):
-        self.tuner, self.ctx, self.rule, self.proc, self.claim = tuner, ctx, rule, proc, c
-        self.out: list[Change] = []
-        how = {"match": "", "child": f", started by {c.parent}"}.get(
-            c.role if c.parent else "match", f", left out, started by {c.parent}"
-        )
-        self.label = f"pid {proc.pid} ({proc.comm}{how}, {len(proc.threads)} threads)"
-        self.why = f"process rule {rule.name!r}"
-        if c.role == "child":
-            self.why += f" (a process pid {c.parent} of the rule started)"
-        elif c.role == "excluded":
-            self.why += " leaves it out: back to what its ancestor had before gputuned"
-
-    def _data(self) -> dict[str, object]:
-        p = self.proc
-        return {
-            "pid": p.pid,
-            "start": p.start_time,
-            "rule": self.rule.name,
-            "role": self.claim.role,
-        }
-
-    def per_thread(
-        self,
-        attr: str,
-        old: dict[int, str],
-        want: dict[int, str],
-        shown: str,
-        orig: dict[str, str | None],
-        tuned: Tuned,
-        *,
-        have: dict[int, str] | None = None,
-        give_back: bool = False,
-    ) -> None:
-        have = old if have is None else have
-        was = orig.get(attr)
-        origin = {
-            tid: was
-            for tid in want
-            if was is not None and (give_back or tuned.shows(attr, have[tid]))
-        }
-        p = self.proc
-        self.out.append(
-            Change(
-                self.tuner,
-                f"{self.label} {attr}",
-                _summary([have[t] for t in want]),
-                shown,
-                self.why,
-                report_only=self.rule.report_only,
-                key=f"thread:{p.pid}:{p.start_time}:{attr}",
-                kind="thread",
-                data={
-                    **self._data(),
-                    "ppid": p.ppid,
-                    "attr": attr,
-                    "threads": want,
-                    "old": {tid: origin.get(tid, old[tid]) for tid in want},
-                    "origin": origin,
-                    "cgmount": self.ctx.cgroup.v2_mount,
-                },
-                in_sync=all(have[t] == want[t] for t in want),
-            )
-        )
-
-    def move(self, want: str, origin: str | None) -> None:
-        mount = self.ctx.cgroup.v2_mount
-        if mount is None:
-            return
-        p = self.proc
-        self.out.append(
-            Change(
-                self.tuner,
-                f"{self.label} cgroup",
-                p.cgroup or "-",
-                want,
-                self.why,
-                report_only=self.rule.report_only,
-                key=f"proc_cgroup:{p.pid}:{p.start_time}",
-                kind="proc_cgroup",
-                data={**self._data(), "mount": mount, "origin": origin},
-                in_sync=p.cgroup == want,
-            )
-        )
-
-
-def _summary(values: list[str]) -> str:
-    distinct = sorted(set(values))
-    return distinct[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
 
 
 #: Journal value of an affinity the thread never set itself (see _plan_proc).
