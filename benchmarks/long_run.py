@@ -68,6 +68,7 @@ default_affinity = "housekeeping"
 [[process]]
 name = "churn"
 match.cmdline = "{token}"
+match.uid = 0
 cpus = "work"
 nice = 5
 [daemon]

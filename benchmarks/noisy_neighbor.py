@@ -57,6 +57,8 @@ if str(REPO) not in sys.path:
 # GPU's kernels, the CPU-bound part); the whole token for the CPU stand-in.
 _HOST_S: list[float] = []
 NOISE_PARTS = {"cpu": ("cpu",), "net": ("net",), "disk": ("disk",), "heavy": ("cpu", "net", "disk")}
+#: The server-shaped worker's API process, as a profile copy's rule matches it (--shape server).
+API_MATCH = r"/noisy_neighbor\.py --role api\b"
 GOAL_TOK, GOAL_P99 = 0.97, 1.10
 #: Tokens decoded per sequence (after a 32-token prompt) by the GPU worker.
 SEQ_TOKENS = 128
@@ -199,8 +201,11 @@ class Noise:
 # ---- the worker: decodes on request, measures itself ----------------------------------------
 
 
-def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
-    """Pure-Python work per token, sized once at start to about ``token_ms`` on this host."""
+def _cpu_tokens(
+    token_ms: float, steps: int | None = None
+) -> tuple[Iterator[float], dict[str, Any]]:
+    """Pure-Python work per token, sized once at start to about ``token_ms`` on this host
+    (``steps``: that size given, as a second worker started under noise must be)."""
 
     def work(n: int) -> int:
         x = 1
@@ -210,7 +215,7 @@ def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
 
     t0 = time.perf_counter()
     work(200_000)
-    n = max(1000, int(200_000 * token_ms / 1000 / (time.perf_counter() - t0)))
+    n = steps or max(1000, int(200_000 * token_ms / 1000 / (time.perf_counter() - t0)))
 
     def gen() -> Iterator[float]:
         while True:
@@ -224,6 +229,7 @@ def _cpu_tokens(token_ms: float) -> tuple[Iterator[float], dict[str, Any]]:
         "worker": "cpu-standin",
         "desc": f"CPU stand-in, no GPU: {n} pure-Python LCG steps per token "
         f"(~{token_ms:g} ms when quiet)",
+        "steps": n,
     }
     return gen(), info
 
@@ -331,7 +337,7 @@ def _counter_deltas(a: Any, b: Any) -> dict[str, int]:
     return out
 
 
-def role_worker(kind: str, token_ms: float) -> None:
+def role_worker(kind: str, token_ms: float, steps: int | None = None) -> None:
     """Answer one JSON line per request on the original stdout; anything printed goes to stderr."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -346,7 +352,7 @@ def role_worker(kind: str, token_ms: float) -> None:
                 raise
             note = f"no GPU worker ({type(exc).__name__}: {exc}); using the CPU stand-in"
     if tokens is None:
-        tokens, info = _cpu_tokens(token_ms)
+        tokens, info = _cpu_tokens(token_ms, steps)
     # Warm up: two whole sequences on the GPU, so that the allocator has seen the largest KV
     # cache before anything is measured (a cudaMalloc mid-window is a 100 ms outlier).
     for _ in range(2 * SEQ_TOKENS + 1 if info["worker"] == "gpu" else 100):
@@ -378,16 +384,24 @@ def _run_for(tokens: Iterator[float], seconds: float) -> list[float]:
 
 
 class Worker:
-    """The parent's handle on the worker process."""
+    """The parent's handle on the worker process (``shape`` "server": the API process of
+    benchmarks/server_shape.py, which spawns the engine)."""
 
-    def __init__(self, children: Children, kind: str, token_ms: float) -> None:
-        argv = [sys.executable, __file__, "--role", "worker", "--worker", kind]
-        argv += ["--token-ms", str(token_ms)]
+    def __init__(self, children: Children, args: argparse.Namespace) -> None:
+        role = "api" if args.shape == "server" else "worker"
+        argv = [sys.executable, __file__, "--role", role, "--worker", args.worker]
+        argv += ["--token-ms", str(args.token_ms), "--api-ms", str(args.api_ms)]
+        argv += ["--request-tokens", str(args.request_tokens)]
+        for opt, value in (("--cpu-steps", args.cpu_steps), ("--api-chars", args.api_chars)):
+            if value:
+                argv += [opt, str(value)]
         self.proc = children.start(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.children = children
         self.info = self._read()
         if not self.info.get("ready"):
             raise RuntimeError(f"worker did not start: {self.info}")
+        #: Every process of the worker (the API process, its engine and resource tracker).
+        self.pids = [p for p in dict(self.info.pop("pids", {})).values() if p] or [self.pid]
 
     @property
     def pid(self) -> int:
@@ -412,7 +426,16 @@ class Worker:
             with contextlib.suppress(OSError):
                 self.proc.stdin.write(b'{"cmd": "quit"}\n')
                 self.proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10.0)  # the API process ends its engine first
         self.children.stop(self.proc, wait=10.0)
+        for pid in self.pids:  # the engine and the tracker, should the API not have ended them
+            if pid != self.pid and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while any(_alive(p) for p in self.pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 # ---- gputuned: the daemon started here, the worker registered with it ------------------------
@@ -488,30 +511,38 @@ def check_untuned(host: Any) -> None:
         sys.exit("a profile is applied here (journal not empty): gputunectl revert first")
 
 
-def fingerprint(pid: int) -> dict[str, Any]:
-    """What gputuned may change, read back: IRQ affinities, gputuned cgroups, the worker."""
+def fingerprint(pid: int | list[int]) -> dict[str, Any]:
+    """What gputuned may change, read back: IRQ affinities, gputuned cgroups, the worker's
+    processes (``pid``: one, or every process of a server-shaped worker; the first is the one
+    whose cgroup is shown)."""
+    from gputuned import errors
     from gputuned.host import Host
     from gputuned.host.proc import read_process
     from gputuned.host.system import read_cgroup_layout, read_default_affinity, read_interrupts
 
     host = Host(Path("/"))
     mount = read_cgroup_layout(host).v2_mount
-    proc = read_process(host, pid)
+    pids = [pid] if isinstance(pid, int) else pid
+    procs = []
+    for p in pids:
+        with contextlib.suppress(errors.TargetGone):
+            procs.append(read_process(host, p))
     return {
         "irqs": {str(i.irq): sorted(i.affinity or ()) for i in read_interrupts(host)},
         "default_irq_affinity": sorted(read_default_affinity(host) or ()),
         "gputuned_cgroups": [n for n in host.listdir(mount) if "gputuned" in n] if mount else [],
-        "worker_cgroup": proc.cgroup,
+        "worker_cgroup": procs[0].cgroup if procs else "-",
+        "worker_cgroups": {str(p.pid): p.cgroup for p in procs},
         "worker_threads": {
-            str(t.tid): [t.nice, t.policy, sorted(t.affinity)] for t in proc.threads
+            str(t.tid): [t.nice, t.policy, sorted(t.affinity)] for p in procs for t in p.threads
         },
     }
 
 
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     out = []
-    for key in ("default_irq_affinity", "gputuned_cgroups", "worker_cgroup"):
-        if a[key] != b[key]:
+    for key in ("default_irq_affinity", "gputuned_cgroups", "worker_cgroup", "worker_cgroups"):
+        if a.get(key) != b.get(key):
             out.append(f"{key}: {a[key]} -> {b[key]}")
     for table in ("irqs", "worker_threads"):
         for k in sorted(set(a[table]) & set(b[table])):  # threads may come and go
@@ -521,20 +552,25 @@ def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def isolated_profile(
-    profile: Path, work: Path, cmdline: str = "(?!)", rule_name: str | None = None
+    profile: Path,
+    work: Path,
+    cmdline: str = "(?!)",
+    rule_name: str | None = None,
+    uid: int | None = None,
 ) -> Path:
     """``profile`` with one [[process]] rule (``rule_name``, default the first), matching only
-    ``cmdline`` (default: nothing).
+    ``cmdline`` (default: nothing) of processes run by ``uid`` (default: this process's).
 
     On a machine others use too, the shipped rule would also place their vLLM-like processes.
-    What the rule does (CPUs, nice, policy, partition) is kept; only ``match`` changes.
+    What the rule does (CPUs, nice, policy, partition, children) is kept; only ``match``
+    changes, and it still names an account, as a rule that grants CPUs or a negative nice must.
     """
     from gputuned.profile import load_profile
 
     rules = load_profile(profile).process
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
-    rule["match"] = {"cmdline": cmdline}
+    rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
     lines = [f"include = [{json.dumps(str(profile.absolute()))}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
@@ -550,7 +586,7 @@ def _toml(v: object) -> str:
     return str(v) if isinstance(v, int) else json.dumps(v)
 
 
-def placement(pid: int) -> dict[str, Any]:
+def placement(pid: int | list[int]) -> dict[str, Any]:
     """How the worker's threads are placed now (nice, policy, CPUs; cgroup)."""
     fp = fingerprint(pid)
     shapes: dict[str, int] = {}
@@ -770,9 +806,16 @@ def _plain_png(summary: dict[str, Any], path: Path) -> None:
 # ---- the run -----------------------------------------------------------------------------------
 
 
-def conditions(profiles: list[Path]) -> list[str]:
-    tuned = [f"tuned:{p.stem}" for p in profiles]
+def conditions(profiles: list[Path], orders: tuple[str, ...] = ("",)) -> list[str]:
+    tuned = [f"tuned:{p.stem}{f':{o}' if o else ''}" for p in profiles for o in orders]
     return ["clean", "noisy", *tuned, *(["reverted"] if profiles else []), "clean-again"]
+
+
+def run_orders(args: argparse.Namespace) -> tuple[str, ...]:
+    """Start orders measured per profile: the server-shaped worker's, else one (registered)."""
+    if args.shape != "server":
+        return ("",)
+    return ("server-first", "daemon-first") if args.order == "both" else (args.order,)
 
 
 class Block:
@@ -789,13 +832,17 @@ class Block:
             self.ctx["children"], self.noise_kind, self.ctx["counts"], self.ctx["disk_dir"]
         )
         self.measure("clean")
-        noisy_windows = 2 + len(args.profile)
-        noise.start(noisy_windows * (args.window + args.warmup + args.settle) + 120)
+        orders = run_orders(args)
+        noisy_windows = 2 + len(args.profile) * len(orders)
+        # A daemon-first window starts a server of its own: its start-up (model, CUDA) too.
+        extra = 120 + 90 * len(args.profile) * orders.count("daemon-first")
+        noise.start(noisy_windows * (args.window + args.warmup + args.settle) + extra)
         try:
             time.sleep(args.settle)
             self.measure("noisy")
             for prof in args.profile if gputuned else []:
-                self.tuned(gputuned, prof)
+                for order in orders:
+                    self.tuned(gputuned, prof, order)
             if args.profile and gputuned:
                 time.sleep(args.settle)
                 self.measure("reverted")
@@ -806,10 +853,11 @@ class Block:
         add_ratios(self.windows)
         return self.windows
 
-    def measure(self, cond: str, **extra: Any) -> None:
-        cpus = _allowed_cpus(self.worker.pid)
+    def measure(self, cond: str, worker: Worker | None = None, **extra: Any) -> None:
+        worker = worker or self.worker
+        cpus = _allowed_cpus(worker.pids[-1] if self.args.shape == "server" else worker.pid)
         s0, t0 = steal_ticks(), time.monotonic()
-        res = self.worker.window(self.args.window, self.args.warmup)
+        res = worker.window(self.args.window, self.args.warmup)
         s1, secs = steal_ticks(), time.monotonic() - t0
         w = {"round": self.rnd, "noise": self.noise_kind, "condition": cond}
         w.update(window_figures(res), **extra)
@@ -821,42 +869,157 @@ class Block:
         w["steal_ms_per_s_worker_cpus"] = statistics.fmean(mine) if mine else float("nan")
         w["steal_ms_per_s_all_cpus"] = statistics.fmean(per.values()) if per else float("nan")
         w["_lat"] = res["lat_ms"]  # for the pooled percentiles; in the JSON with --keep-latencies
+        if res.get("ttft_ms"):
+            w["ttft_p50_ms"] = percentile(res["ttft_ms"], 50)
         self.windows.append(w)
         print(
-            f"  round {self.rnd} {self.noise_kind:5} {cond:22} {w['tok_s']:8.1f} tok/s  p50 "
+            f"  round {self.rnd} {self.noise_kind:5} {cond:35} {w['tok_s']:8.1f} tok/s  p50 "
             f"{w['p50_ms']:7.3f} p99 {w['p99_ms']:7.3f} ms  runq {w['runq_ms_per_token']:.3f} "
             f"host {w['host_ms_per_token']:.3f} ms/tok  steal {w['steal_ms_per_s_worker_cpus']:.1f}"
             f"/{w['steal_ms_per_s_all_cpus']:.1f} ms/s",
             flush=True,
         )
 
-    def tuned(self, gputuned: Gputuned, prof: Path) -> None:
-        """Start the daemon, register the worker, measure, stop (revert), check the host."""
-        pid = self.worker.pid
-        before = fingerprint(pid)
+    def tuned(self, gputuned: Gputuned, prof: Path, order: str = "") -> None:
+        """One tuned window: start the daemon (and, daemon first, a server of its own after it),
+        measure, stop the daemon (it reverts), check the worker and the host are as before.
+
+        The single-process worker is registered with the daemon; the server-shaped one is
+        placed by the profile's rule, its engine as the API process's child. ``capture
+        --stable`` of the host before the daemon starts and after it stopped must be equal.
+        """
+        fresh = order == "daemon-first"
+        worker = self.worker
+        before_capture = host_capture()
+        before = fingerprint(worker.pids)  # the untuned server: a fresh one must end like it
         took = gputuned.start(prof)
-        reg = gputuned.request({"cmd": "register", "pid": pid, "rule": self.ctx["rule"][prof]})
-        time.sleep(self.args.settle)
-        placed = placement(pid)
-        self.measure(f"tuned:{prof.stem}", placement=placed)
-        stopped = gputuned.stop()
-        diff = fingerprint_diff(before, fingerprint(pid))
+        reg: dict[str, Any] | None = None
+        try:
+            if fresh:
+                worker = Worker(self.ctx["children"], self.args)
+            elif self.args.shape != "server":
+                reg = gputuned.request(
+                    {
+                        "cmd": "register",
+                        "pid": worker.pid,
+                        "start": start_time(worker.pid),
+                        "rule": self.ctx["rule"][prof],
+                    }
+                )
+            placed_s = wait_placed(worker.pids, self.ctx["wanted"].get(prof))
+            time.sleep(self.args.settle)
+            placed = placement(worker.pids)
+            cond = f"tuned:{prof.stem}{f':{order}' if order else ''}"
+            self.measure(cond, worker, placement=placed)
+            stopped = gputuned.stop()
+            # The long-running server (placed too, daemon first: the rule matches it) as before;
+            # a fresh one as the untuned one is.
+            diff = fingerprint_diff(before, fingerprint(self.worker.pids))
+            if fresh:
+                diff += fresh_diff(before, fingerprint(worker.pids))
+        finally:
+            if fresh and worker is not self.worker:
+                worker.close()
+        capture_diff = compare_captures(before_capture, host_capture())
         self.ctx["gputuned_runs"].append(
             {
                 "round": self.rnd,
                 "noise": self.noise_kind,
                 "profile": str(prof),
+                "order": order or "registered",
                 "daemon_start_s": round(took, 3),
+                "placed_after_s": placed_s,
                 "registered": reg,
                 "placement": placed,
                 **stopped,
-                "host_back": not diff and not stopped["journal_entries_left"],
+                "host_back": not diff and not stopped["journal_entries_left"] and not capture_diff,
                 "differences": diff,
+                "capture_equal": not capture_diff,
+                "capture_differences": capture_diff[:20],
             }
         )
-        if diff:
-            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
-            print(f"  WARNING: not as before the daemon: {'; '.join(diff[:3])}{more}")
+        for what, d in (("not as before the daemon", diff), ("capture differs", capture_diff)):
+            if d:
+                more = f" and {len(d) - 3} more" if len(d) > 3 else ""
+                print(f"  WARNING: {what}: {'; '.join(d[:3])}{more}")
+
+
+def fresh_diff(ref: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """A server started while the daemon ran, after the daemon stopped: each of its processes
+    in the cgroup the untuned server's are in, each thread with a (nice, policy, CPUs) that
+    the untuned server's threads have."""
+    out = []
+    home = set(ref["worker_cgroups"].values())
+    for pid, cg in after["worker_cgroups"].items():
+        if cg not in home:
+            out.append(f"pid {pid}: cgroup {cg}, not {sorted(home)}")
+    untuned = {json.dumps(v) for v in ref["worker_threads"].values()}
+    for tid, v in after["worker_threads"].items():
+        if json.dumps(v) not in untuned:
+            out.append(f"thread {tid}: {v}, untuned threads have {sorted(untuned)}")
+    return out
+
+
+def start_time(pid: int) -> int:
+    """proc(5) stat field 22: with the PID, a process's identity (register sends both)."""
+    from gputuned.host import Host
+    from gputuned.host.proc import read_identity
+
+    return read_identity(Host(Path("/")), pid)[0]
+
+
+def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> float | None:
+    """Seconds until every thread of ``pids`` has nice ``wanted`` (None: not waited for)."""
+    if wanted is None:
+        return None
+    from gputuned import errors
+    from gputuned.host import Host
+    from gputuned.host.proc import read_process
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if all(
+                t.nice == wanted for p in pids for t in read_process(Host(Path("/")), p).threads
+            ):
+                return round(time.monotonic() - t0, 3)
+        except errors.TargetGone:
+            pass
+        time.sleep(0.01)
+    print(f"  WARNING: not every thread of {pids} had nice {wanted} within {timeout:.0f} s")
+    return None
+
+
+def host_capture() -> Path:
+    """``gputunectl capture --stable`` of this host into a new temporary directory."""
+    from gputuned.host import Host
+    from gputuned.host.capture import capture
+
+    dest = Path(tempfile.mkdtemp(prefix="nn-capture-"))
+    capture(Host(Path("/")), dest, stable=True)
+    return dest
+
+
+def compare_captures(a: Path, b: Path) -> list[str]:
+    """What ``diff -r a b`` would list (file names); both directories are removed."""
+    try:
+        fa = {p.relative_to(a): p for p in a.rglob("*") if p.is_file() or p.is_symlink()}
+        fb = {p.relative_to(b): p for p in b.rglob("*") if p.is_file() or p.is_symlink()}
+        out = [f"only before: {k}" for k in sorted(fa.keys() - fb.keys())]
+        out += [f"only after: {k}" for k in sorted(fb.keys() - fa.keys())]
+        for k in sorted(fa.keys() & fb.keys()):
+            x, y = fa[k], fb[k]
+            same = (
+                x.readlink() == y.readlink()
+                if x.is_symlink() or y.is_symlink()
+                else x.read_bytes() == y.read_bytes()
+            )
+            if not same:
+                out.append(f"differs: {k}")
+        return out
+    finally:
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
 
 
 def steal_ticks() -> dict[int, int]:
@@ -912,14 +1075,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--no-gputuned", action="store_true", help="no gputuned conditions (no root)")
     ap.add_argument("--worker", choices=("auto", "gpu", "cpu"), default="auto")
+    ap.add_argument(
+        "--shape",
+        choices=("single", "server"),
+        default="single",
+        help="single: one process decodes (registered with the daemon); server: an API process "
+        "that tokenises and spawns the decoding engine, placed by the profile's rule "
+        "(benchmarks/server_shape.py)",
+    )
+    ap.add_argument(
+        "--order",
+        choices=("server-first", "daemon-first", "both"),
+        default="both",
+        help="--shape server: the server runs before the daemon starts (placed by the daemon's "
+        "start), or starts after it (placed as it spawns), or each in turn (default)",
+    )
     ap.add_argument("--token-ms", type=float, default=2.0, help="CPU stand-in work per token")
+    ap.add_argument(
+        "--api-ms", type=float, default=1.0, help="--shape server: tokenising per request (ms)"
+    )
+    ap.add_argument(
+        "--request-tokens", type=int, default=64, help="--shape server: tokens per request"
+    )
+    # Sizes measured by the first worker, given to a server started later (daemon first), which
+    # would otherwise size its work under noise.
+    ap.add_argument("--cpu-steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--api-chars", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cpu-burners", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--net-streams", type=int, default=max(1, (os.cpu_count() or 1) // 4))
     ap.add_argument("--disk-writers", type=int, default=max(1, (os.cpu_count() or 1) // 8))
     ap.add_argument("--disk-dir", help="where the disk noise writes (default: a temp dir)")
     ap.add_argument("--keep-latencies", action="store_true", help="every token's latency in JSON")
     # Internal: the processes this benchmark starts run this file again in a role.
-    ap.add_argument("--role", choices=("worker", "cpu", "net", "disk"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--role", choices=("worker", "api", "cpu", "net", "disk"), help=argparse.SUPPRESS
+    )
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role is None and args.out is None:
@@ -933,7 +1123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_role(args: argparse.Namespace) -> None:
     if args.role == "worker":
-        role_worker(args.worker, args.token_ms)
+        role_worker(args.worker, args.token_ms, args.cpu_steps)
+    elif args.role == "api":
+        from server_shape import role_api
+
+        role_api(args)
     elif args.role == "cpu":
         role_cpu(args.deadline)
     elif args.role == "net":
@@ -954,8 +1148,10 @@ def _fs_type(path: str) -> str:
 
 def plan_seconds(args: argparse.Namespace, kinds: list[str]) -> float:
     per_window = args.window + args.warmup + args.settle
-    windows = len(conditions(args.profile))
-    return args.rounds * len(kinds) * (windows * per_window + 6.0 * len(args.profile) + 2.0)
+    orders = run_orders(args)
+    windows = len(conditions(args.profile, orders))
+    starts = 6.0 * len(args.profile) * len(orders) + 2.0
+    return args.rounds * len(kinds) * (windows * per_window + starts)
 
 
 def _terminated(*_: object) -> None:
@@ -995,11 +1191,22 @@ def main(argv: list[str] | None = None) -> int:
         result["summary"] = summarize(windows) if windows else {}
         result["windows"] = [_public(w, args.keep_latencies) for w in windows]
         result["started_pids"] = children.started
-        result["leftover_pids"] = children.alive()
+        result["leftover_pids"] = children.alive() + [
+            p for p in result.get("worker_pids", []) if p not in children.started and _alive(p)
+        ]
         result["elapsed_s"] = round(time.monotonic() - t_start, 1)
         (args.out / "noisy_neighbor.json").write_text(json.dumps(result, indent=1) + "\n")
     finish(args, result)
     return 0 if not result["leftover_pids"] else 1
+
+
+def _alive(pid: int) -> bool:
+    """Still running (a zombie, which only waits for its parent to reap it, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _public(w: dict[str, Any], latencies: bool) -> dict[str, Any]:
@@ -1025,12 +1232,23 @@ def setup(
         if not prof.process:
             sys.exit(f"{p} has no [[process]] rule to register the worker by")
         rules[p] = args.rule or prof.process[0].name
-    if args.register_only:  # copies whose rules match nothing: only the worker is placed
+    if args.shape == "server":
+        # Copies whose rule matches this benchmark's API process (by command line and this
+        # account) and nothing else; what the rule does is the profile's own, children too.
+        rules = {
+            isolated_profile(
+                p, Path(tempfile.mkdtemp(prefix="nn-profile-")), API_MATCH, rule_name=r
+            ): r
+            for p, r in rules.items()
+        }
+        args.profile = list(rules)
+    elif args.register_only:  # copies whose rules match nothing: only the worker is placed
         rules = {
             isolated_profile(p, Path(tempfile.mkdtemp(prefix="nn-profile-")), rule_name=r): r
             for p, r in rules.items()
         }
         args.profile = list(rules)
+    wanted = {p: next(r.nice for r in load_profile(p).process if r.name == rules[p]) for p in rules}
     gputuned = None
     if args.profile:
         log = (args.out / "daemon.log").open("wb")
@@ -1039,14 +1257,16 @@ def setup(
         f"planned: about {plan_seconds(args, kinds) / 60:.1f} min of windows; starting the worker"
     )
     t0 = time.monotonic()
-    worker = Worker(children, args.worker, args.token_ms)
+    worker = Worker(children, args)
     info = {k: v for k, v in worker.info.items() if k != "ready"}
+    args.cpu_steps, args.api_chars = info.get("steps"), info.get("prompt_chars")
     print(f"worker: {info['worker']}: {info['desc']} (ready in {time.monotonic() - t0:.1f} s)")
     if info.get("note"):
         print(f"worker: {info['note']}")
     result.update(
         worker=info["worker"],
         worker_info=info,
+        worker_pids=worker.pids,
         host={
             "cpus": os.cpu_count(),
             "kernel": os.uname().release,
@@ -1061,7 +1281,9 @@ def setup(
             "noise": kinds,
             "noise_processes": {k: {p: counts[p] for p in NOISE_PARTS[k]} for k in kinds},
             "profiles": [str(p) for p in args.profile],
-            "conditions": conditions(args.profile),
+            "conditions": conditions(args.profile, run_orders(args)),
+            "shape": args.shape,
+            "orders": list(run_orders(args)),
         },
         gputuned=[],
     )
@@ -1072,6 +1294,7 @@ def setup(
         "counts": counts,
         "disk_dir": disk_dir,
         "rule": rules,
+        "wanted": wanted,
         "gputuned": gputuned,
         "gputuned_runs": result["gputuned"],
     }

@@ -194,7 +194,8 @@ def main() -> int:
     children = nn.Children()
     windows: list[dict[str, Any]] = []
     try:
-        worker = nn.Worker(children, args.worker, 2.0)
+        opts = nn.parse_args(["--role", "worker", "--worker", args.worker, "--token-ms", "2.0"])
+        worker = nn.Worker(children, opts)
         print(f"worker: {worker.info.get('desc')}", flush=True)
         before = nn.fingerprint(worker.pid)
         v = Variants(args, worker, children)

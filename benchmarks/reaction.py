@@ -50,7 +50,7 @@ from noisy_neighbor import (
 
 from gputuned import errors
 from gputuned.host import Host
-from gputuned.host.proc import ProcInfo, read_process
+from gputuned.host.proc import ProcInfo, read_process, user_id
 from gputuned.host.sampling import clock_ticks, sample_process
 from gputuned.profile import Profile, load_profile
 
@@ -89,8 +89,21 @@ def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     from gputuned.engine import read_context
     from gputuned.tuners.process import matches
 
-    fake = ProcInfo(0, 0, Path(argv[0]).name[:15], argv[0], " ".join(argv), "", ())
-    rule = next((r for r in profile.process if matches(r.match, fake, {})), None)
+    me = os.geteuid()
+    fake = ProcInfo(0, 0, Path(argv[0]).name[:15], argv[0], " ".join(argv), "", (), uid=me, euid=me)
+    uids = {
+        r.match.user: user_id(Host(Path("/")), r.match.user)
+        for r in profile.process
+        if r.match.user
+    }
+    rule = next(
+        (
+            r
+            for r in profile.process
+            if matches(r.match, fake, {}, uid=uids.get(r.match.user or ""))
+        ),
+        None,
+    )
     if rule is None:
         sys.exit(f"no [[process]] rule of {profile.name} matches the probe {' '.join(argv)}")
     ctx = read_context(Host(Path("/")), profile)

@@ -66,6 +66,10 @@ def expand(ch: Change) -> list[Op]:
                     # The value plan read, before this apply moved the process anywhere: a
                     # move into a partition changes the affinity by itself (cpuset_attach).
                     "planned_old": d.get("old", {}).get(tid),
+                    # What the thread had before gputuned, where it shows what a placement
+                    # passed on at fork (tuners/proctree.py origins()): journaled instead of
+                    # the value read.
+                    "origin": d.get("origin", {}).get(tid),
                     "cgmount": d.get("cgmount"),
                 },
             )
@@ -257,8 +261,12 @@ def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tupl
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
     if op.kind == "affinity" and value == DEFAULT_AFFINITY:
+        # The thread restricts nothing its cgroup allows. The kernel shows the intersection
+        # of the thread's own mask with its cpuset (sched_getaffinity()), so a thread that
+        # allows every CPU reads back exactly what the cgroup allows; a tree keeps the mask
+        # as written, a superset.
         now = read_old(host, op)
-        return parse_cpulist(now) == _cgroup_allows(host, op), now
+        return parse_cpulist(now) >= _cgroup_allows(host, op), now
     if op.kind == "mount":
         now = read_old(host, op)
         return same(op.compare, now, value), now

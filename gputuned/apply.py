@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
@@ -27,12 +27,32 @@ from gputuned.host.state import (
     HostLock,
     check_state_files,
     read_optional_bytes,
-    remove,
     replace_durable,
 )
-from gputuned.journal import Entry, Journal
+from gputuned.journal import Journal
 from gputuned.profile import Profile
+from gputuned.revert import (
+    PROCESS_KINDS,
+    RevertReport,
+    forget_process,
+    restore,
+    restore_processes,
+    revert_all,
+)
 from gputuned.tuners.process import DEFAULT_AFFINITY
+
+__all__ = [
+    "ApplyError",
+    "ApplyReport",
+    "RevertReport",
+    "apply_profile",
+    "apply_settings",
+    "forget_process",
+    "read_active",
+    "read_state",
+    "restore_processes",
+    "revert_all",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +91,6 @@ class ApplyReport:
         }
 
 
-PROCESS_KINDS = ("nice", "affinity", "policy", "proc_cgroup")
-THREAD_KINDS = ("nice", "affinity", "policy")
-
-
-def _inherited_origin(journal: Journal, op: Op) -> str | None:
-    """The journaled original of the thread or process this one inherited ``op.kind`` from:
-    its process's main thread, else its parent's (clone(2) copies nice, policy and affinity)."""
-    d = op.data
-    main = journal.get(f"thread:{d['pid']}:{d['start']}:{d['pid']}:{op.kind}")
-    if main is not None:
-        return main.old
-    for e in journal.entries():
-        if e.op.kind == op.kind and e.op.data.get("tid") == d.get("ppid"):
-            return e.old
-    return None
-
-
 def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
     """Host limits (not gputuned failures): skip the setting and say why."""
     code = getattr(exc, "errno", None)
@@ -122,21 +125,37 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
 def _prepare(
     host: Host, journal: Journal, op: Op, *, defer: bool = False
 ) -> tuple[str, bool] | None:
-    """Journal ``op``'s old value. Returns (old value, journal entry is new), None if no-op."""
-    if holds(host, op, op.value)[0]:
-        # Already right: an IRQ inside the allowed set, or a thread that inherited the value
-        # from a tuned thread or parent. The latter still needs its original on record, or
-        # revert would leave it tuned: the original of whoever passed the value on.
-        if op.kind in THREAD_KINDS and op.key not in journal:
+    """Journal ``op``'s old value. Returns (old value, journal entry is new), None if no-op.
+
+    A process setting whose plan knows its origin (it shows what a placement passed on at
+    fork: tuners/proctree.py origins()) journals that origin, not the value it shows.
+    """
+    origin = op.data.get("origin") if op.kind in PROCESS_KINDS else None
+    if _holds(host, op):
+        # Already right: an IRQ inside the allowed set, or a process or thread that inherited
+        # the value from a placed parent or thread. The latter still needs its original on
+        # record, or revert would leave it tuned: the original of whoever passed the value on.
+        if op.kind in PROCESS_KINDS and op.key not in journal:
             planned = op.data.get("planned_old")
-            origin = planned if planned not in (None, op.value) else _inherited_origin(journal, op)
-            if origin is not None:
-                journal.save(op, str(origin), defer=defer)
+            was = origin if origin is not None else planned
+            if was is not None and was != op.value:
+                journal.save(op, str(was), defer=defer)
         return None
+    if origin is not None:
+        return str(origin), journal.save(op, str(origin), defer=defer)
     old = read_old(host, op)
     if op.kind == "affinity" and op.data.get("planned_old") == DEFAULT_AFFINITY:
         old = DEFAULT_AFFINITY  # the thread never chose its CPUs: restore "all the cgroup allows"
     return old, journal.save(op, old, defer=defer)
+
+
+def _holds(host: Host, op: Op) -> bool:
+    """Does the host hold ``op``'s value already? "All the cgroup allows" never counts as held:
+    a thread pinned to exactly its cgroup's CPUs reads the same, but keeps that pin as its own
+    mask when it moves to another cgroup; only writing it lets go of the pin."""
+    if op.kind == "affinity" and op.value == DEFAULT_AFFINITY:
+        return False
+    return holds(host, op, op.value)[0]
 
 
 def _commit(
@@ -192,20 +211,20 @@ def apply_profile(
     keep_going: bool = False,
     source: str = "",
     lock: bool = True,
-    registered: dict[int, str] | None = None,
+    registered: dict[int, tuple[int, str]] | None = None,
     journal: Journal | None = None,
 ) -> tuple[PlanResult, ApplyReport]:
     """Make the host match ``profile``; only differences are written.
 
     ``lock=False`` is for the daemon, which holds the host lock for its whole life.
-    ``registered`` maps PIDs placed by hand (``gputunectl register``) to a rule name.
+    ``registered`` maps PIDs placed by hand (``gputunectl register``) to (start time, rule).
     ``journal``: the caller's open journal (the daemon keeps one for its whole life).
     """
     t0 = time.monotonic()
     with HostLock(host) if lock else contextlib.nullcontext():
         check_state_files(host)  # before any write: a state file others could write is refused
-        plan = plan_profile(host, profile, registered=registered)
         journal = journal if journal is not None else Journal(host)
+        plan = plan_profile(host, profile, registered=registered, journal=journal)
         report = ApplyReport()
         try:
             apply_settings(host, journal, plan.settings, report, keep_going=keep_going)
@@ -237,12 +256,12 @@ def apply_settings(
     move into the partition) is not written; its journaled original stays, as for inherited
     values.
     """
-    # In-sync thread settings still go through _prepare: a thread that inherited its values
-    # needs its original journaled (nothing is written for it).
+    # In-sync process settings still go through _prepare: a thread or a child process that
+    # inherited its values needs its original journaled (nothing is written for it).
     ops = [
         (ch, op)
         for ch in settings
-        if not (ch.report_only or (ch.in_sync and ch.kind != "thread"))
+        if not (ch.report_only or (ch.in_sync and ch.kind not in ("thread", "proc_cgroup")))
         for op in expand(ch)
     ]
     w = _Writer(host, journal, report, keep_going)
@@ -341,7 +360,7 @@ class _Writer:
             return
         for n, (ch, op, old, new_entry) in enumerate(prepared):
             try:
-                if holds(self.host, op, op.value)[0]:
+                if _holds(self.host, op):
                     continue
                 _commit(self.host, self.journal, op, old, new_entry)
             except errors.GputunedError as exc:
@@ -395,32 +414,6 @@ class _Writer:
             ) from exc
 
 
-def forget_process(host: Host, pid: int, journal: Journal | None = None) -> int:
-    """Drop the journal entries of a process that exited (nothing to restore). Returns count."""
-    journal = journal if journal is not None else Journal(host)
-    gone = [
-        e.op.key
-        for e in journal.entries()
-        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") == pid
-    ]
-    for key in gone:
-        journal.drop(key)
-    return len(gone)
-
-
-def restore_process(host: Host, pid: int, journal: Journal | None = None) -> RevertReport:
-    """Put one process's journaled values back (``gputunectl unregister``)."""
-    report = RevertReport()
-    journal = journal if journal is not None else Journal(host)
-    mine = [
-        e
-        for e in journal.newest_first()
-        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") == pid
-    ]
-    _restore_entries(host, journal, mine, report.restored, report.failed)
-    return report
-
-
 def _rollback(host: Host, journal: Journal, undo: list[tuple[Op, str, bool]]) -> None:
     for op, old, new_entry in reversed(undo):
         try:
@@ -437,88 +430,11 @@ def _restore_leftovers(
 ) -> None:
     """Settings journaled by an earlier profile that this one does not manage go back."""
     todo = [e for e in journal.newest_first() if e.op.key not in managed]
-    _restore_entries(host, journal, todo, report.restored, report.failed)
-
-
-def _restore_entries(
-    host: Host,
-    journal: Journal,
-    entries: list[Entry],
-    restored: list[dict[str, str]],
-    failed: list[dict[str, str]],
-) -> None:
-    """Restore newest first, every entry even after errors; then one more pass for the rest.
-
-    The second pass catches values that depend on an older entry restored later in the first
-    pass: a thread's affinity reads back narrowed while its process is still in the partition
-    (the kernel intersects it with the cpuset) and holds once the process is back outside.
-    """
-    errs: dict[str, str] = {}
-    for attempt in (1, 2):
-        left = []
-        for entry in entries:
-            err = _restore(host, entry.op, entry.old)
-            if err is None:
-                journal.drop(entry.op.key)
-                restored.append({"target": entry.op.target, "value": entry.old})
-            else:
-                errs[entry.op.key] = err
-                left.append(entry)
-        entries = left
-        if not entries:
-            break
-        log.info("revert: pass %d left %d value(s) to retry", attempt, len(entries))
-    failed += [{"target": e.op.target, "error": errs[e.op.key]} for e in entries]
-
-
-def _restore(host: Host, op: Op, old: str) -> str | None:
-    """Put ``old`` back; None on success (or when the process is gone), else the error."""
-    check = replace(op, compare="cpulist") if op.compare == "cpulist_subset" else op
-    try:
-        # "All the cgroup allows" is always written: it sets the kernel's user mask, which
-        # the process keeps when it moves back and its cgroup gets CPUs back.
-        if old != DEFAULT_AFFINITY and holds(host, check, old)[0]:
-            return None  # already the original (the write never happened, or was undone)
-        write(host, check, old)
-        ok, seen = holds(host, check, old, just_written=True)
-    except (errors.TargetGone, Reused) as exc:
-        if op.kind in PROCESS_KINDS:
-            log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
-            return None
-        return str(exc)
-    except errors.GputunedError as exc:
-        return str(exc)
-    return None if ok else f"wrote {old!r}, reads back {seen!r}"
-
-
-@dataclass
-class RevertReport:
-    restored: list[dict[str, str]] = field(default_factory=list)
-    failed: list[dict[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"restored": self.restored, "failed": self.failed, "seconds": round(self.seconds, 4)}
-
-
-def revert_all(
-    host: Host, *, forget_profile: bool = True, lock: bool = True, journal: Journal | None = None
-) -> RevertReport:
-    """Restore every journaled value, newest first, trying all even after errors."""
-    t0 = time.monotonic()
-    report = RevertReport()
-    with HostLock(host) if lock else contextlib.nullcontext():
-        journal = journal if journal is not None else Journal(host)
-        _restore_entries(
-            host, journal, list(journal.newest_first()), report.restored, report.failed
-        )
-        journal.compact()
-        if not report.failed:
-            remove(host, STATE)
-            if forget_profile:
-                remove(host, ACTIVE)
-    report.seconds = time.monotonic() - t0
-    return report
+    if todo:
+        rep = RevertReport()
+        restore(host, journal, todo, rep)
+        report.restored += rep.restored
+        report.failed += rep.failed
 
 
 def _record(host: Host, profile: Profile, source: str, report: ApplyReport) -> None:

@@ -6,6 +6,7 @@ types from here; the engine collects them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from gputuned.inspect import Snapshot
     from gputuned.profile import Profile
     from gputuned.topology import HostCpus
+    from gputuned.tuners.proctree import Claim
 
 
 #: How a setting is read and written (gputuned.actions implements each):
@@ -94,10 +96,14 @@ class PlanContext:
     default_affinity: frozenset[int] | None
     cgroup: CgroupLayout
     processes: list[ProcInfo]
-    #: PIDs placed by hand (gputunectl register) -> name of the rule to place them by.
-    registered: dict[int, str] = field(default_factory=dict)
+    #: PIDs placed by hand (gputunectl register) -> (start time, name of the rule).
+    registered: dict[int, tuple[int, str]] = field(default_factory=dict)
     #: IRQ -> NUMA node of the PCI function that owns it (read on hosts with several nodes).
     irq_nodes: dict[int, int] = field(default_factory=dict)
+    #: Processes claimed by a rule earlier (the daemon's): parents of the processes listed.
+    claimed: dict[int, Claim] = field(default_factory=dict)
+    #: The journaled original of a setting by its key, None when it is not journaled.
+    original: Callable[[str], str | None] = field(default=lambda _key: None)
 
 
 class Tuner(Protocol):

@@ -180,7 +180,9 @@ def cmd_revert(args: argparse.Namespace) -> int:
     host = Host(args.root)
     resp = _daemon(host, {"cmd": "revert"})
     if resp is not None:
-        report = RevertReport(resp["restored"], resp["failed"], resp["seconds"])
+        report = RevertReport(
+            resp["restored"], resp["failed"], resp.get("notes", []), resp["seconds"]
+        )
     else:
         report = revert_all(host)
     if args.json:
@@ -246,8 +248,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
+    from gputuned.host.proc import read_identity
+
     host = Host(args.root)
-    msg: dict[str, Any] = {"cmd": args.command, "pid": args.pid}
+    if args.pid <= 0:
+        raise errors.GputunedError(f"{args.pid} is not a process ID; give a positive PID")
+    try:
+        # The daemon places a process by PID *and* start time: a PID alone may name another
+        # process by the time the daemon reads it (PIDs are reused).
+        start = read_identity(host, args.pid)[0]
+    except errors.HostError:
+        raise errors.GputunedError(f"there is no process {args.pid}") from None
+    msg: dict[str, Any] = {"cmd": args.command, "pid": args.pid, "start": start}
     if args.command == "register" and args.rule:
         msg["rule"] = args.rule
     resp = _daemon(host, msg)

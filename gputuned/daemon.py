@@ -22,6 +22,7 @@ restores them. With no active profile the journal is replayed (reverted) at star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -39,7 +40,7 @@ from gputuned.apply import (
     forget_process,
     read_active,
     read_state,
-    restore_process,
+    restore_processes,
     revert_all,
 )
 from gputuned.changes import Change, PlanContext
@@ -52,11 +53,14 @@ from gputuned.host.control import ControlServer, PeerCred
 from gputuned.host.httpmetrics import MetricsServer
 from gputuned.host.loop import Loop, now
 from gputuned.host.notify import Notifier, setup_logging, system_stopping, watchdog_interval
+from gputuned.host.proc import read_identity
 from gputuned.host.procwatch import ProcWatcher, open_watcher
 from gputuned.host.state import HostLock
 from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.tuners.process import Claim, claim_processes
+from gputuned.tuners.proctree import OWN_COMMS
 from gputuned.verify import verify_plan
 
 log = logging.getLogger("gputuned")
@@ -72,8 +76,8 @@ class Daemon:
         self.ctx: PlanContext | None = None
         self.settings: list[Change] = []  # applied last, re-read by the drift check
         self._drift_ticks = 0
-        self.placed: dict[int, int] = {}  # pid -> start time
-        self.registered: dict[int, str] = {}  # pid -> rule name
+        self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
+        self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
         self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
@@ -158,19 +162,32 @@ class Daemon:
             and not self.profile.daemon.revert_on_shutdown
             and system_stopping()
         )
+        failed = 0
         if skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
             rep = revert_all(self.host, forget_profile=False, lock=False, journal=self.journal)
             log.info("daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed))
+            for note in rep.notes:
+                log.info("daemon: revert: %s", note)
             for f in rep.failed:
                 log.error("daemon: revert %s failed: %s", f["target"], f["error"])
+            failed = len(rep.failed)
+            if failed:
+                # Left behind: a stop that says it succeeded would hide it (systemd marks the
+                # unit failed on a non-zero exit). The journal keeps it for gputunectl revert.
+                log.error(
+                    "daemon: stopping with %d value(s) not put back (left in the journal for "
+                    "gputunectl revert): %s",
+                    len(rep.failed),
+                    "; ".join(f["target"] for f in rep.failed),
+                )
         for closer in (self.control, self.watcher, self.metrics):
             if closer is not None:
                 closer.close()
         self.loop.close()
         self.lock.__exit__(None, None, None)
-        return 0
+        return errors.GputunedError.exit_code if failed else 0
 
     # -- applying -----------------------------------------------------------------------------
 
@@ -217,7 +234,9 @@ class Daemon:
             registered=self.registered,
             journal=self.journal,
         )
-        self.ctx = read_context(self.host, self.profile, registered=self.registered)
+        self.ctx = read_context(
+            self.host, self.profile, registered=self.registered, journal=self.journal
+        )
         self.settings = [
             c for c in plan.settings if not c.report_only and c.key not in report.not_possible
         ]
@@ -257,16 +276,26 @@ class Daemon:
                     return True
         return False
 
+    @property
+    def placed(self) -> dict[int, int]:
+        """Processes placed by a rule (matched or descendants): pid -> start time."""
+        return {pid: c.start for pid, c in self.claims.items() if c.role != "excluded"}
+
     def _refresh_placed(self) -> None:
+        """The claims of a full plan; a registration whose process is gone goes with it."""
         assert self.ctx is not None
-        self.placed = {}
-        for ch in plan_processes(self.ctx, [p.pid for p in self.ctx.processes]):
-            self.placed[int(ch.data["pid"])] = int(ch.data["start"])
+        self.claims = claim_processes(self.ctx)
+        self.registered = {
+            pid: reg
+            for pid, reg in self.registered.items()
+            if pid in self.claims and self.claims[pid].start == reg[0]
+        }
 
     def _verify(self) -> None:
         assert self.profile is not None
         rep = verify_plan(
-            plan_profile(self.host, self.profile, registered=self.registered), read_state(self.host)
+            plan_profile(self.host, self.profile, registered=self.registered, journal=self.journal),
+            read_state(self.host),
         )
         self.last_verify = rep.to_json()["counts"]
         self.last_verify_at = time.time()
@@ -283,14 +312,14 @@ class Daemon:
         if self.profile is None or self.ctx is None or not self.profile.process:
             return
         t0 = time.perf_counter()
-        settings = plan_processes(self.ctx, pids)
+        ctx = dataclasses.replace(self.ctx, claimed=self.claims, registered=self.registered)
+        settings, claims = plan_processes(ctx, pids)
+        self.claims.update(claims)
         if not settings:
             return
         report = ApplyReport()
         assert self.journal is not None
         apply_settings(self.host, self.journal, settings, report, keep_going=True, batch=True)
-        for ch in settings:
-            self.placed[int(ch.data["pid"])] = int(ch.data["start"])
         if report.written:
             self.counters["placements"] += 1
             log.info(
@@ -314,7 +343,12 @@ class Daemon:
                 if self.profile is not None:
                     self._reapply("rescan")
                 return
-            if ev.kind in ("exec", "fork") or (ev.kind == "thread" and ev.pid in self.placed):
+            if ev.kind in ("exec", "fork", "comm") or (
+                ev.kind == "thread" and ev.pid in self.claims and self._places(ev.pid)
+            ):
+                # A fork: a new process, maybe a child of a claimed one (its parent's claim
+                # carries over); exec and a new name: what it is may have changed (a spawned
+                # child running its target, setproctitle); a thread: placed like its process.
                 new.append(ev.pid)
             elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
                 n = forget_process(self.host, ev.pid, self.journal)
@@ -324,9 +358,12 @@ class Daemon:
         if new:
             self._place(sorted(set(new)), "new process or thread")
 
+    def _places(self, pid: int) -> bool:
+        return self.claims[pid].role != "excluded"
+
     def _forget(self, pid: int) -> bool:
-        was_placed = self.placed.pop(pid, None) is not None
-        return self.registered.pop(pid, None) is not None or was_placed
+        was_claimed = self.claims.pop(pid, None) is not None
+        return self.registered.pop(pid, None) is not None or was_claimed
 
     def _on_udev(self) -> None:
         assert self.udev is not None
@@ -443,7 +480,7 @@ class Daemon:
             return {"profile": profile.name, **report.to_json()}
         if cmd == "revert":
             rep = revert_all(self.host, lock=False, journal=self.journal)
-            self.profile, self.ctx, self.placed, self.registered = None, None, {}, {}
+            self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
             self.status = "idle: reverted (gputunectl apply PROFILE)"
             self._schedule()
             self.notify.send(f"STATUS={self.status}")
@@ -458,25 +495,47 @@ class Daemon:
             )
             return vrep.to_json()
         if cmd in ("register", "unregister"):
-            return self._register(cmd, int(req["pid"]), req.get("rule"))
+            return self._register(cmd, req)
         raise errors.GputunedError(f"unknown command {cmd!r}; see gputunectl --help")
 
-    def _register(self, cmd: str, pid: int, rule: object) -> dict[str, Any]:
+    def _register(self, cmd: str, req: dict[str, Any]) -> dict[str, Any]:
+        """Place a process by a rule (or stop placing it), identified by PID *and* start time:
+        a PID alone may name another process by the time it arrives. The registration ends
+        with the process (an exit event, or a full plan that no longer finds it)."""
+        pid, start = _process_id(req)
         if cmd == "unregister":
+            known = self.claims.get(pid)
+            if start is not None and known is not None and known.start != start:
+                raise errors.GputunedError(
+                    f"unregister {pid}: PID {pid} now belongs to another process than the one "
+                    "placed; nothing was changed"
+                )
+            tree = {pid} | _descendants(self.claims, pid)
+            for p in tree:
+                self.claims.pop(p, None)
             self.registered.pop(pid, None)
-            self.placed.pop(pid, None)
-            return restore_process(self.host, pid, self.journal).to_json()
+            return restore_processes(self.host, tree, self.journal).to_json()
         if self.profile is None or not self.profile.process:
             raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
         names = [r.name for r in self.profile.process]
-        name = str(rule) if rule else names[0]
+        rule = req.get("rule")
+        if rule is not None and not isinstance(rule, str):
+            raise errors.GputunedError("rule must be the name of a [[process]] rule (a string)")
+        name = rule or names[0]
         if name not in names:
             raise errors.GputunedError(f"no rule {name!r}; the profile has: {', '.join(names)}")
-        self.registered[pid] = name
+        self.registered[pid] = (_check_registrable(self.host, pid, start), name)
         if self.ctx is not None:
-            self.ctx = read_context(self.host, self.profile, registered=self.registered)
+            self.ctx = read_context(
+                self.host, self.profile, registered=self.registered, journal=self.journal
+            )
         self._place([pid], f"registered for rule {name}")
-        return {"pid": pid, "rule": name, "placed": pid in self.placed}
+        return {
+            "pid": pid,
+            "start": self.registered[pid][0],
+            "rule": name,
+            "placed": pid in self.placed,
+        }
 
     def _status(self) -> dict[str, Any]:
         state = read_state(self.host)
@@ -490,7 +549,7 @@ class Daemon:
             "journal_entries": len(self.journal) if self.journal is not None else 0,
             "not_possible": state.get("not_possible", {}),
             "placed": sorted(self.placed),
-            "registered": {str(k): v for k, v in self.registered.items()},
+            "registered": {str(k): v[1] for k, v in self.registered.items()},
             "verify": self.last_verify,
             "verified_at": self.last_verify_at,
         }  # fmt: skip
@@ -500,6 +559,56 @@ def _pid() -> int:
     from gputuned.host.notify import own_pid
 
     return own_pid()
+
+
+def _process_id(req: dict[str, Any]) -> tuple[int, int | None]:
+    """The request's ``pid`` and ``start``: positive and non-negative JSON integers."""
+    pid, start = req.get("pid"), req.get("start")
+    if type(pid) is not int or pid <= 0:  # bool is an int to isinstance: not a PID
+        raise errors.GputunedError(f"pid must be a positive integer, not {pid!r}")
+    if start is not None and (type(start) is not int or start < 0):
+        raise errors.GputunedError(
+            f"start must be the process's start time (/proc/PID/stat field 22), not {start!r}"
+        )
+    return pid, start
+
+
+def _check_registrable(host: Host, pid: int, start: int | None) -> int:
+    """Refuse what must never be placed by hand: a PID that does not exist or now names
+    another process, PID 1, kernel threads, gputuned itself. Returns the start time."""
+    if start is None:
+        raise errors.GputunedError(
+            f"register {pid}: the request has no start time; PIDs are reused, so the daemon "
+            "places a process only by PID and start time (use gputunectl register, which sends "
+            "both)"
+        )
+    try:
+        now, _ppid, comm, kernel = read_identity(host, pid)
+    except errors.HostError:
+        raise errors.GputunedError(f"register {pid}: there is no process {pid}") from None
+    if now != start:
+        raise errors.GputunedError(
+            f"register {pid}: PID {pid} now belongs to another process (started at tick {now}, "
+            f"not {start}); nothing was placed"
+        )
+    if pid == 1:
+        raise errors.GputunedError("register 1: PID 1 is the system's init; it is never placed")
+    if kernel:
+        raise errors.GputunedError(f"register {pid}: {comm} is a kernel thread; never placed")
+    if pid == _pid() or comm in OWN_COMMS:
+        raise errors.GputunedError(f"register {pid}: that is gputuned itself; never placed")
+    return now
+
+
+def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
+    """PIDs claimed through ``pid`` (its children, theirs, ...)."""
+    out: set[int] = set()
+    grew = True
+    while grew:
+        more = {p for p, c in claims.items() if c.parent in out | {pid} and p not in out}
+        out |= more
+        grew = bool(more)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

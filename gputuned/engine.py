@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,8 +25,10 @@ from gputuned.host.system import (
     read_irq_nodes,
 )
 from gputuned.inspect import snapshot
+from gputuned.journal import Journal
 from gputuned.layout import plan_layout
 from gputuned.profile import Profile
+from gputuned.tuners.proctree import Claim
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +82,18 @@ def _change_json(c: Change) -> dict[str, Any]:
 
 
 def read_context(
-    host: Host, profile: Profile, *, registered: dict[int, str] | None = None
+    host: Host,
+    profile: Profile,
+    *,
+    registered: dict[int, tuple[int, str]] | None = None,
+    journal: Journal | None = None,
 ) -> PlanContext:
+    """The host read once for ``profile``. ``journal``: the caller's open journal, whose
+    originals the process rules need (a child's original is its parent's; a process matched
+    by unit is matched by the cgroup it came from); without one it is read here."""
     pp = profile.pcie_payload
-    need_nvml = any(r.match.uses_gpu is not None for r in profile.process) or (
+    rules = profile.process
+    need_nvml = any(r.match.uses_gpu is not None for r in rules) or (
         pp is not None and pp.mps != "keep"
     )
     snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
@@ -99,14 +109,32 @@ def read_context(
         irqs=read_interrupts(host),
         default_affinity=read_default_affinity(host),
         cgroup=read_cgroup_layout(host),
-        # exe and cgroup cost two more reads per process: only when a rule matches on them.
-        processes=iter_processes(
-            host,
-            brief=not any(r.match.exe or r.match.unit or r.match.cgroup for r in profile.process),
-        ),
+        # stat and cmdline only: exe, cgroup and the owner cost three more reads a process, so
+        # they are read for the few processes whose comm and cmdline a rule matches
+        # (tuners/proctree.py claim()).
+        processes=iter_processes(host, brief=True),
         registered=dict(registered or {}),
         irq_nodes=irq_nodes,
+        original=journal_originals(host, journal),
     )
+
+
+def journal_originals(host: Host, journal: Journal | None) -> Callable[[str], str | None]:
+    """Look-up of journaled originals by key. Without ``journal`` the host's is read; one that
+    cannot be read (not root, or damaged: apply and revert say so) counts as empty here."""
+    if journal is None:
+        try:
+            journal = Journal(host)
+        except errors.GputunedError as exc:
+            log.debug("plan: journal not read (%s); no originals known", exc)
+            return lambda _key: None
+    entries = journal
+
+    def original(key: str) -> str | None:
+        entry = entries.get(key)
+        return None if entry is None else entry.old
+
+    return original
 
 
 def all_tuners() -> Sequence[Tuner]:
@@ -131,8 +159,9 @@ def plan_profile(
     host: Host,
     profile: Profile,
     *,
-    registered: dict[int, str] | None = None,
+    registered: dict[int, tuple[int, str]] | None = None,
     allow_blocked: bool = False,
+    journal: Journal | None = None,
 ) -> PlanResult:
     """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing.
 
@@ -142,7 +171,7 @@ def plan_profile(
     """
     from gputuned.cpulist import format_cpulist
 
-    ctx = read_context(host, profile, registered=registered)
+    ctx = read_context(host, profile, registered=registered, journal=journal)
     result = PlanResult(
         profile=profile.name,
         root=str(host.root),
@@ -170,15 +199,17 @@ def plan_profile(
     return result
 
 
-def plan_processes(ctx: PlanContext, pids: list[int]) -> list[Change]:
+def plan_processes(ctx: PlanContext, pids: list[int]) -> tuple[list[Change], dict[int, Claim]]:
     """Process settings for just ``pids``, against an earlier context (the daemon's fast path:
-    a new process is placed without re-reading the whole host)."""
+    a new process is placed without re-reading the whole host), and the claims on them. A
+    process whose parent is among ``ctx.claimed`` is a descendant of a claimed one."""
     from gputuned.tuners.process import ProcessTuner
 
     procs = []
     for pid in pids:
         try:
-            procs.append(read_process(ctx.host, pid, threads=False))
+            procs.append(read_process(ctx.host, pid, threads=False, brief=True))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
-    return ProcessTuner().plan(dataclasses.replace(ctx, processes=procs)).changes
+    plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs))
+    return plan.changes, claims

@@ -422,6 +422,37 @@ def _check_process_rules(p: Profile) -> Problems:
                 "[cpuset] mode = 'isolated'"
             )
             problems.append((f"{at}.spread_threads", msg))
+        problems += _check_who(rule, at)
+    return problems
+
+
+def _check_who(rule: ProcessConfig, at: str) -> Problems:
+    """A rule that gives something worth having must say who may have it (issue: any local
+    user got nice -10 and the server's CPUs by naming a script vllm.py)."""
+    problems: Problems = []
+    ex = rule.exclude
+    if rule.children == "ignore" and (ex.comm or ex.cmdline is not None):
+        msg = "has no effect with children = 'ignore' (no child is placed); remove it"
+        problems.append((f"{at}.exclude", msg))
+    grants = []
+    if rule.nice is not None and rule.nice < 0:
+        grants.append(f"nice {rule.nice}")
+    if rule.policy in ("fifo", "rr"):
+        grants.append(f"real-time policy {rule.policy!r}")
+    if rule.cpus != "keep":
+        grants.append(f"CPUs (set {rule.cpus!r})")
+    if rule.move_to_partition:
+        grants.append("the partition")
+    if not grants or rule.any_user or rule.report_only or process.owner_key(rule.match):
+        return problems
+    msg = (
+        f"any local user can start a process this rule matches (exe, comm, cmdline and "
+        f"uses_gpu are every user's to choose: a script named vllm.py, exec -a), and it grants "
+        f"{', '.join(grants)}; add match.user or match.uid (the account the server runs as), "
+        "match.unit (its systemd system unit) or a match.cgroup outside /user.slice, or set "
+        "any_user = true if every local user may have it"
+    )
+    problems.append((f"{at}.match", msg))
     return problems
 
 

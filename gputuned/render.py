@@ -227,10 +227,15 @@ def render_revert(report: RevertReport) -> None:
         out.print("Nothing to revert: the journal is empty.")
         return
     out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms")
+    for n in report.notes:
+        out.print(f"  note: {escape(n)}")
     for f in report.failed:
         out.print(f"  [bold red]failed[/] {escape(f['target'])}: {escape(f['error'])}")
     if report.failed:
-        out.print("What failed stays in the journal; gputunectl revert tries it again.")
+        out.print(
+            "Not everything was put back (listed above); what failed stays in the journal and "
+            "gputunectl revert tries it again."
+        )
 
 
 def render_verify(report: VerifyReport, *, verbose: bool) -> None:

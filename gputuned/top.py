@@ -26,7 +26,6 @@ from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.sampling import IrqCounts, ProcSample, read_irq_counts, sample_process
 
 #: Commands gputuned itself runs under; never watched as a server.
-_OWN_COMMS = ("gputunectl", "gputuned")
 #: Without the daemon, rule matching scans every process: do it every this many refreshes.
 RESCAN_EVERY = 5
 
@@ -95,10 +94,11 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
 
 def _rule_targets(host: Host) -> Targets:
     from gputuned.apply import read_active
-    from gputuned.host.proc import iter_processes
+    from gputuned.engine import journal_originals
+    from gputuned.host.proc import ProcInfo, iter_processes, read_process, user_id
     from gputuned.host.state import ACTIVE
     from gputuned.profile import parse_profile
-    from gputuned.tuners.process import matches
+    from gputuned.tuners.proctree import ClaimInput, claim, journal_key
 
     active = read_active(host)
     if active is None:
@@ -111,14 +111,32 @@ def _rule_targets(host: Host) -> Targets:
     gpu_pids: dict[int, frozenset[int]] = {}
     if any(r.match.uses_gpu is not None for r in rules):
         gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(host) or []}
-    brief = not any(r.match.exe or r.match.unit or r.match.cgroup for r in rules)
-    out = []
-    for proc in iter_processes(host, brief=brief):
-        if proc.comm in _OWN_COMMS:
-            continue
-        rule = next((r for r in rules if matches(r.match, proc, gpu_pids)), None)
-        if rule is not None:
-            out.append(Target(proc.pid, f"rule {rule.name}"))
+    uids = {r.match.user: user_id(host, r.match.user) for r in rules if r.match.user}
+    original = journal_originals(host, None)
+
+    def load(pid: int) -> ProcInfo | None:
+        try:
+            return read_process(host, pid, threads=False, owner=True)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
+    claims = claim(
+        iter_processes(host, brief=True),
+        ClaimInput(
+            rules,
+            gpu_pids,
+            uids,
+            {},
+            {},
+            lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
+            load,
+        ),
+    )
+    out = [
+        Target(pid, f"rule {c.rule}" + (f", started by {c.parent}" if c.role == "child" else ""))
+        for pid, c in claims.items()
+        if c.role != "excluded"
+    ]
     where = f"processes matching the rules of {profile.name} (no daemon running)"
     return Targets(out, where, "rules")
 

@@ -43,11 +43,13 @@ def stat_line(
     nice: int,
     policy: int,
     rt_priority: int,
+    ppid: int = 1,
+    flags: int = 4194560,
 ) -> str:
     """52 fields, as /proc/PID/task/TID/stat prints them."""
     prio = -1 - rt_priority if policy in POLICY_RT else 20 + nice
     fields = [
-        tid, f"({comm})", "S", 1, pid, pid, 0, -1, 4194560,  # 1-9: pid comm state ppid pgrp session tty tpgid flags
+        tid, f"({comm})", "S", ppid, pid, pid, 0, -1, flags,  # 1-9: pid comm state ppid pgrp session tty tpgid flags
         52831, 0, 12, 0, 934, 211, 0, 0,  # 10-17: minflt cminflt majflt cmajflt utime stime cutime cstime
         prio, nice, nthreads, 0, start_time,  # 18-22: priority nice num_threads itrealvalue starttime
         2419818496, 98304, 18446744073709551615,  # 23-25: vsize rss rsslim
@@ -62,7 +64,15 @@ def stat_line(
 
 
 def status_text(
-    pid: int, tid: int, comm: str, *, nthreads: int, cpus: frozenset[int], nr_cpus: int
+    pid: int,
+    tid: int,
+    comm: str,
+    *,
+    nthreads: int,
+    cpus: frozenset[int],
+    nr_cpus: int,
+    ppid: int = 1,
+    uid: int = 0,
 ) -> str:
     """/proc/PID/task/TID/status in the kernel's order, tab after each key."""
     mems = ",".join(["00000000"] * 31 + ["00000001"])
@@ -73,9 +83,9 @@ def status_text(
         ("Tgid", pid),
         ("Ngid", 0),
         ("Pid", tid),
-        ("PPid", 1),
+        ("PPid", ppid),
         ("TracerPid", 0),
-        ("Uid", "0\t0\t0\t0"),
+        ("Uid", f"{uid}\t{uid}\t{uid}\t{uid}"),
         ("Gid", "0\t0\t0\t0"),
         ("FDSize", 64),
         ("Groups", " "),
@@ -119,8 +129,11 @@ def add_process(
     policy: int = 0,
     rt_priority: int = 0,
     cpus: str = "0-15",
+    ppid: int = 1,
+    uid: int = 0,
 ) -> None:
-    """Add process ``pid`` to the tree at ``root``; ``threads`` are TIDs besides the main one."""
+    """Add process ``pid`` to the tree at ``root``; ``threads`` are TIDs besides the main one.
+    ``ppid``: its parent; ``uid``: the account it runs as (real, effective, saved, fs)."""
     comm = comm[:15]  # TASK_COMM_LEN - 1
     tids = [pid, *sorted(t for t in threads or [] if t != pid)]
     nr = _nr_cpu_ids(root)
@@ -133,9 +146,11 @@ def add_process(
         tdir.mkdir(parents=True)
         kw = {"start_time": start_time, "nthreads": len(tids)}
         sched = {"nice": nice, "policy": policy, "rt_priority": rt_priority}
-        (tdir / "stat").write_text(stat_line(pid, tid, comm, **kw, **sched))
+        (tdir / "stat").write_text(stat_line(pid, tid, comm, **kw, **sched, ppid=ppid))
         (tdir / "status").write_text(
-            status_text(pid, tid, comm, nthreads=len(tids), cpus=allowed, nr_cpus=nr)
+            status_text(
+                pid, tid, comm, nthreads=len(tids), cpus=allowed, nr_cpus=nr, ppid=ppid, uid=uid
+            )
         )
         (tdir / "comm").write_text(comm + "\n")
         (tdir / "cgroup").write_text(cg_line)
@@ -167,3 +182,11 @@ def remove_process(root: Path, pid: int) -> None:
         if str(pid) in pids:
             pids.remove(str(pid))
             procs.write_text("".join(f"{p}\n" for p in pids))
+
+
+def add_user(root: Path, name: str, uid: int) -> None:
+    """An account in the tree's /etc/passwd (passwd(5)), as match.user looks it up."""
+    passwd = root / "etc/passwd"
+    passwd.parent.mkdir(parents=True, exist_ok=True)
+    have = passwd.read_text() if passwd.is_file() else "root:x:0:0:root:/root:/bin/bash\n"
+    passwd.write_text(have + f"{name}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n")

@@ -501,12 +501,25 @@ def translate(exc: OSError, op: str, hpath: str) -> errors.HostError:
     if code in (E.ENOSPC, E.EDQUOT):
         # An IRQ affinity write gets ENOSPC when no interrupt vector is free on the target
         # CPUs (arch/x86/kernel/apic/vector.c: irq_matrix_alloc()): not a full file system.
-        hint = (
-            "no free interrupt vector on the target CPUs; give this IRQ more CPUs, or move "
-            "other IRQs off them"
-            if hpath.startswith("/proc/irq/")
-            else "free space on that filesystem"
-        )
+        # So does a cpuset write that would leave the cgroup's processes without a CPU or
+        # memory node (kernel/cgroup/cpuset.c validate_change(): a populated cpuset cannot
+        # be emptied), and a move into a cgroup whose cpuset is empty.
+        name_ = hpath.rsplit("/", 1)[-1]
+        if hpath.startswith("/proc/irq/"):
+            hint = (
+                "no free interrupt vector on the target CPUs; give this IRQ more CPUs, or move "
+                "other IRQs off them"
+            )
+        elif name_.startswith(("cpuset.cpus", "cpuset.mems")):
+            hint = (
+                "the cgroup still holds processes, and a cpuset with processes in it cannot be "
+                "left without CPUs or memory nodes; move them out of the cgroup first (its "
+                "cgroup.procs lists them)"
+            )
+        elif name_ == "cgroup.procs":
+            hint = "the cgroup's cpuset has no CPU or memory node; give it CPUs first"
+        else:
+            hint = "free space on that filesystem"
         return errors.NoSpace(
             f"{what}: no space left ({name}); {reason or hint}",
             path=hpath,

@@ -10,6 +10,8 @@ from gputuned.host.fs import Host
 
 #: sched policies by number (include/uapi/linux/sched.h SCHED_*).
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+#: include/linux/sched.h: the flags field (9) of /proc/PID/stat for a kernel thread.
+PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,13 @@ class ProcInfo:
     cgroup: str  # the cgroup v2 path ("0::/..." line); "" when none
     threads: tuple[ThreadInfo, ...]
     ppid: int = 0
+    #: Real and effective user ID (status "Uid:"), when read (``owner=True``); else None.
+    uid: int | None = None
+    euid: int | None = None
+    #: A kernel thread (PF_KTHREAD): never a server, never to be registered.
+    kernel: bool = False
+    #: Read with ``brief``: exe, cgroup (and the user IDs) were not read.
+    brief: bool = False
 
 
 def list_pids(host: Host) -> list[int]:
@@ -60,15 +69,21 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
     )
 
 
-def read_process(host: Host, pid: int, *, threads: bool = True, brief: bool = False) -> ProcInfo:
+def read_process(
+    host: Host, pid: int, *, threads: bool = True, brief: bool = False, owner: bool = False
+) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
     ``threads=False`` skips the per-thread files; ``brief`` also skips exe and cgroup (exe
     None, cgroup ""): enough to match comm and cmdline rules across every process cheaply.
+    ``owner`` also reads the user IDs (one more file, /proc/PID/status).
     """
     base = f"/proc/{pid}"
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
     start = int(f[22 - 3])
+    uid = euid = None
+    if owner:
+        uid, euid = read_uids(host, pid)
     exe: str | None = None
     cgroup = ""
     if not brief:
@@ -87,15 +102,67 @@ def read_process(host: Host, pid: int, *, threads: bool = True, brief: bool = Fa
                 found.append(read_thread(host, f"{base}/task/{tid}", tid))
             except errors.TargetGone:
                 continue  # the thread exited between listing and reading
-    return ProcInfo(pid, start, comm, exe, cmdline, cgroup, tuple(found), ppid=int(f[4 - 3]))
+    return ProcInfo(
+        pid,
+        start,
+        comm,
+        exe,
+        cmdline,
+        cgroup,
+        tuple(found),
+        ppid=int(f[4 - 3]),
+        uid=uid,
+        euid=euid,
+        kernel=bool(int(f[9 - 3]) & PF_KTHREAD),
+        brief=brief,
+    )
 
 
-def iter_processes(host: Host, *, threads: bool = False, brief: bool = False) -> list[ProcInfo]:
+def read_uids(host: Host, pid: int) -> tuple[int | None, int | None]:
+    """Real and effective user ID of a process (proc(5) status, "Uid:" real effective saved fs)."""
+    for line in host.read_text(f"/proc/{pid}/status").splitlines():
+        if line.startswith("Uid:"):
+            ids = line.split()[1:3]
+            if len(ids) == 2 and all(i.isdigit() for i in ids):
+                return int(ids[0]), int(ids[1])
+    return None, None
+
+
+def read_identity(host: Host, pid: int) -> tuple[int, int, str, bool]:
+    """(start time, parent PID, comm, kernel thread) of ``pid`` from one read of its stat."""
+    comm, f = _stat_fields(host.read_text(f"/proc/{pid}/stat"))
+    return int(f[22 - 3]), int(f[4 - 3]), comm, bool(int(f[9 - 3]) & PF_KTHREAD)
+
+
+def iter_processes(
+    host: Host, *, threads: bool = False, brief: bool = False, owner: bool = False
+) -> list[ProcInfo]:
     """Every process readable now (without threads unless asked); exiting ones are skipped."""
     out = []
     for pid in list_pids(host):
         try:
-            out.append(read_process(host, pid, threads=threads, brief=brief))
+            out.append(read_process(host, pid, threads=threads, brief=brief, owner=owner))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     return out
+
+
+def user_id(host: Host, name: str) -> int | None:
+    """The user ID of account ``name``, None when the host has no such account.
+
+    The machine asks the system's user database (NSS: /etc/passwd, LDAP, ...); a tree has only
+    its /etc/passwd (passwd(5): name:password:UID:GID:...).
+    """
+    if host.live:
+        import pwd
+
+        try:
+            return pwd.getpwnam(name).pw_uid
+        except KeyError:
+            return None
+    text = host.read_optional("/etc/passwd") or ""
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
+            return int(fields[2])
+    return None

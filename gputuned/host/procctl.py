@@ -187,6 +187,17 @@ def explain_move(exc: errors.HostError, pid: int, cgroup_dir: str) -> errors.Hos
     )
 
 
+def nearest_cgroup(host: Host, mount: str, cgroup: str) -> str:
+    """``cgroup`` (a path as /proc/PID/cgroup shows it) if it still exists under the cgroup v2
+    ``mount``, else its nearest existing ancestor ("/" at the end): where a process goes back
+    to when the cgroup it came from was removed meanwhile (a unit restarted, a container gone).
+    """
+    parts = [p for p in cgroup.split("/") if p]
+    while parts and not host.is_dir("/".join([mount, *parts])):
+        parts.pop()
+    return "/" + "/".join(parts)
+
+
 # -- trees ------------------------------------------------------------------------------------
 
 

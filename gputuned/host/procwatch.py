@@ -96,6 +96,9 @@ class ProcEvent:
 
     - ``"exec"``: ``pid`` runs a new program (connector: ``PROC_EVENT_EXEC``; polling: a PID not
       seen before, or whose main thread changed its name, see :class:`PollingWatcher`).
+    - ``"comm"``: ``pid``'s main thread took a new name (connector: ``PROC_EVENT_COMM``;
+      prctl(PR_SET_NAME), a write to /proc/PID/comm, setproctitle). Polling reports it as
+      ``"exec"``, since it cannot tell the two apart.
     - ``"fork"``: a new process ``pid`` (not yet exec'd); ``parent`` is its parent's tgid.
     - ``"thread"``: a new thread ``tid`` in process ``pid``. ``parent`` is the *process's* parent,
       as the kernel reports it: kernel/fork.c gives a CLONE_THREAD task its creator's
@@ -198,13 +201,20 @@ def _parse_event(ev: memoryview, ack: int) -> ConnectorEvent:
 def to_proc_event(ev: ConnectorEvent) -> ProcEvent | None:
     """The :class:`ProcEvent` for a connector event; None for those the daemon does not need.
 
-    uid/gid/sid/ptrace/comm changes, coredumps (an exit follows) and replies are dropped.
+    uid/gid/sid/ptrace changes, coredumps (an exit follows) and replies are dropped, and so
+    is a thread other than the main one taking a new name: rules match a process by its main
+    thread's name (what /proc/PID/comm shows), and thread pools name their threads by the
+    hundred, so passing those on would cost the daemon a read per thread for nothing.
     """
     if ev.what == PROC_EVENT_FORK:
         kind = "fork" if ev.tid == ev.tgid else "thread"
         return ProcEvent(kind, ev.tgid, ev.tid, ev.parent_tgid)
     if ev.what == PROC_EVENT_EXEC:
         return ProcEvent("exec", ev.tgid, ev.tid)
+    if ev.what == PROC_EVENT_COMM and ev.tid == ev.tgid:
+        # prctl(PR_SET_NAME) and writes to /proc/PID/comm (kernel/sys.c, fs/proc/base.c
+        # comm_write() call proc_comm_connector()); setproctitle renames this way too.
+        return ProcEvent("comm", ev.tgid, ev.tid)
     if ev.what in (PROC_EVENT_EXIT, PROC_EVENT_NONZERO_EXIT):
         return ProcEvent("exit", ev.tgid, ev.tid)
     return None

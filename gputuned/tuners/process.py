@@ -1,8 +1,25 @@
-"""Process placement: nice level, scheduling policy, CPUs and partition for matched processes.
+"""Process placement: nice level, scheduling policy, CPUs and partition for servers' process trees.
 
 Each `[[process]]` rule matches processes by the keys under `match` (all given keys must match)
-and sets what the rule names. gputuned watches for new processes and threads (the proc
-connector), so a server started after gputuned is placed too, and new threads follow it.
+and sets what the rule names, on the matched process **and every process it starts**
+(`children = "follow"`, the default): real servers are process trees. vLLM's API server starts
+the process that drives the GPU with multiprocessing's *spawn* context, and that one starts a
+worker per GPU the same way; their command lines (`python3 -c from multiprocessing.spawn import
+spawn_main; ...`, then `VLLM::EngineCore` once renamed) name no server, so only the tree finds
+them. Descendants are placed whenever they appear: those running when gputuned starts (the tree
+is walked at apply and at daemon start) and those started later (fork, exec and rename events,
+while the daemon runs; a one-shot `gputunectl apply` places the tree as it is then).
+
+Every process gputuned places is journaled with its own original values. A child started after
+its parent was placed inherited the placement at fork; its original is what the parent had
+before gputuned, and that is what revert gives it. `exclude` names helpers to leave out (by
+`comm` or `cmdline`); they, their own children, and with `children = "ignore"` every child, get
+back what their ancestor had before gputuned instead of the inherited placement.
+
+Revert puts back every process it placed, then every process still inside gputuned's cgroup
+that it did not place (moved to where its placed ancestor came from, its inherited values put
+back too); a process whose original cgroup is gone goes to the nearest existing ancestor, and
+the report says so. A revert that leaves anything behind exits non-zero and names it.
 
 What helps, as measured on a 16-vCPU H200 host under CPU, network and disk noise (decode
 throughput and p99 token latency as ratios to a quiet run): untuned 0.53x / 2.56x;
@@ -20,13 +37,22 @@ process (PID and start time), since PIDs are reused.
 
 Match keys:
 
+- `user` / `uid`: the account the process runs as (real and effective user ID).
+- `unit`: the systemd **system** unit the process runs in (`.service` or `.scope`), exactly;
+  never a unit under `user.slice` (a user's `systemd-run --user --unit=vllm.service` is not
+  it). A process matched by unit stays matched once gputuned has moved it into the partition.
+- `cgroup`: prefix of the process's cgroup v2 path as `/proc/PID/cgroup` shows it.
 - `exe`: exact path of the executable, as `/proc/PID/exe` points to.
 - `comm`: exact command name (`/proc/PID/comm`; the kernel keeps 15 characters).
 - `cmdline`: Python regular expression searched (`re.search`) in the command line, arguments
   joined by single spaces.
-- `unit`: the systemd unit the process runs in (`.service` or `.scope`).
-- `cgroup`: prefix of the process's cgroup v2 path as `/proc/PID/cgroup` shows it.
 - `uses_gpu`: the process has this GPU (index) open.
+
+Who may have it: `exe`, `comm`, `cmdline` and `uses_gpu` are every local user's to choose (a
+script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative nice, a
+real-time policy, CPUs or the partition must also match by `user`, `uid`, `unit` or a `cgroup`
+outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule says
+`any_user = true`.
 """
 
 from __future__ import annotations
@@ -50,10 +76,42 @@ from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
 from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
+from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.system import cgroup_cpus
+from gputuned.tuners.proctree import (
+    Claim,
+    Tuned,
+    claim,
+    claim_input,
+    claim_processes,
+    current,
+    matches,
+    origins,
+    owner_key,
+    parent_origin,
+    policy_value,
+    tuned_by,
+)
+from gputuned.tuners.procwrite import ChangeWriter
+
+__all__ = [
+    "Claim",
+    "Config",
+    "Exclude",
+    "Match",
+    "ProcessTuner",
+    "claim_processes",
+    "matches",
+    "owner_key",
+    "policy_value",
+]
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
 COMM_MAX = 15
+#: systemd's unit name characters (src/basic/unit-name.c VALID_CHARS), '@' for instances.
+_UNIT_STEM = re.compile(r"[A-Za-z0-9:_.\\@-]+")
+#: useradd(8)'s default NAME_REGEX, with '.' (common) and at most 32 characters.
+_USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 
 class Match(BaseModel):
@@ -71,8 +129,22 @@ class Match(BaseModel):
         default=None,
         description="Python regex searched in the command line (arguments joined by spaces).",
     )
+    user: StrictStr | None = Field(
+        default=None,
+        description=(
+            "Account the process runs as (real and effective user ID), by name. An account "
+            "this host does not have matches nothing (a note in the plan)."
+        ),
+    )
+    uid: StrictInt | None = Field(
+        default=None, ge=0, description="Account the process runs as, by user ID."
+    )
     unit: StrictStr | None = Field(
-        default=None, description="systemd unit name ending in .service or .scope."
+        default=None,
+        description=(
+            "systemd system unit (ending in .service or .scope) the process runs in, exactly; "
+            "units under user.slice never match."
+        ),
     )
     cgroup: StrictStr | None = Field(
         default=None,
@@ -128,10 +200,25 @@ class Match(BaseModel):
         if value is None:
             return None
         stem, dot, suffix = value.rpartition(".")
-        if not (dot and stem and suffix in ("service", "scope") and "/" not in value):
+        if not (dot and _UNIT_STEM.fullmatch(stem) and suffix in ("service", "scope")):
             raise ValueError(
                 f"{value!r} is not a systemd unit name; write one ending in '.service' or "
                 "'.scope' (e.g. 'vllm.service')"
+            )
+        if stem.startswith("user@"):
+            raise ValueError(
+                f"{value!r} is a user's service manager: every process that user starts runs "
+                "under it; name the server's own system unit (e.g. 'vllm.service')"
+            )
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user_name(cls, value: str | None) -> str | None:
+        if value is not None and not _USER_NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not an account name (letters, digits, '_', '-', '.', at most 32 "
+                "characters, not starting with '-'); or give match.uid"
             )
         return value
 
@@ -151,10 +238,41 @@ class Match(BaseModel):
     def _something(self) -> Match:
         if all(getattr(self, k) is None for k in type(self).model_fields):
             raise ValueError(
-                "give at least one of exe, comm, cmdline, unit, cgroup or uses_gpu; "
+                "give at least one of user, uid, unit, cgroup, exe, comm, cmdline or uses_gpu; "
                 "a rule without one would match every process"
             )
+        if self.user is not None and self.uid is not None:
+            raise ValueError("give user or uid, not both")
         return self
+
+
+class Exclude(BaseModel):
+    """The `exclude` table of a `[[process]]` rule: descendants the rule leaves out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    comm: tuple[StrictStr, ...] = Field(
+        default=(), description="Exact command names (/proc/PID/comm) of helpers to leave out."
+    )
+    cmdline: StrictStr | None = Field(
+        default=None,
+        description=(
+            "Python regex searched in a descendant's command line; a match leaves it out "
+            "(e.g. 'multiprocessing\\.resource_tracker')."
+        ),
+    )
+
+    @field_validator("cmdline")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return Match._compiles(value)  # the same checks as match.cmdline
+
+    @field_validator("comm")
+    @classmethod
+    def _short(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            Match._short_comm(name)
+        return value
 
 
 class Config(BaseModel):
@@ -198,6 +316,29 @@ class Config(BaseModel):
             "thread a CPU alone (there is no load balancing there)."
         ),
     )
+    children: Literal["follow", "ignore"] = Field(
+        default="follow",
+        description=(
+            "'follow': every process a matched process starts (spawned, forked, renamed, "
+            "grandchildren) is placed too. 'ignore': only the matched process; its children "
+            "get back what it had before gputuned instead of the placement fork passed on."
+        ),
+    )
+    exclude: Exclude = Field(
+        default_factory=Exclude,
+        description=(
+            "Descendants to leave out (and their own children): they get back what their "
+            "ancestor had before gputuned."
+        ),
+    )
+    any_user: StrictBool = Field(
+        default=False,
+        description=(
+            "Allow a rule that any local user's process could satisfy (no match.user, uid, "
+            "unit or a cgroup outside user.slice) to grant a negative nice, a real-time "
+            "policy, CPUs or the partition. Without it plan and apply refuse such a rule."
+        ),
+    )
     report_only: StrictBool = Field(
         default=False,
         description="Report what would change and change nothing.",
@@ -220,69 +361,59 @@ class Config(BaseModel):
         return value
 
 
-_OWN_COMMS = ("gputunectl", "gputuned")
-
-
-def matches(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> bool:
-    """All keys the rule gives must match; kernel threads (no exe, no cmdline) never do."""
-    if proc.exe is None and not proc.cmdline:
-        return False
-    unit_parts = proc.cgroup.split("/")
-    checks = (
-        rule.exe is None or proc.exe == rule.exe,
-        rule.comm is None or proc.comm == rule.comm,
-        rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None,
-        rule.unit is None or rule.unit in unit_parts,
-        rule.cgroup is None
-        or proc.cgroup == rule.cgroup
-        or proc.cgroup.startswith(rule.cgroup.rstrip("/") + "/"),
-        rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()),
-    )
-    return all(checks)
-
-
-def _summary(values: list[str]) -> str:
-    distinct = sorted(set(values))
-    return distinct[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
-
-
 class ProcessTuner:
-    """Nice level, scheduling policy, CPU placement and cgroup of matching processes' threads."""
+    """Nice level, scheduling policy, CPU placement and cgroup of matching process trees."""
 
     name = "process"
 
     def plan(self, ctx: PlanContext) -> TunerPlan:
+        return self.plan_tree(ctx)[0]
+
+    def plan_tree(self, ctx: PlanContext) -> tuple[TunerPlan, dict[int, Claim]]:
+        """The plan, and every process a rule claims (the daemon keeps those to place the
+        children they start later)."""
         out = TunerPlan()
-        by_index = {g.index: g.bdf for g in ctx.cpus.gpus}
-        gpu_pids = {
-            idx: frozenset(p for g in ctx.snap.nvml or [] if g.bdf == bdf for p in g.pids)
-            for idx, bdf in by_index.items()
-        }
-        candidates = [p for p in ctx.processes if p.comm not in _OWN_COMMS]
+        claims = claim(ctx.processes, claim_input(ctx, out.notes))
+        rules = {r.name: r for r in ctx.profile.process}
+        found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
-            if rule.match.uses_gpu is not None and ctx.snap.nvml is None:
-                out.notes.append(
-                    f"process[{rule.name}]: match.uses_gpu needs NVML, which is not available here"
-                )
-            found = [
-                p
-                for p in candidates
-                if matches(rule.match, p, gpu_pids) or ctx.registered.get(p.pid) == rule.name
-            ]
-            if not found:
+            if rule.name not in found:
                 out.notes.append(
                     f"process[{rule.name}]: no running process matches; it is placed when it starts"
                 )
-            for proc in found:
-                try:  # the scan read no threads: read them for the processes that matter
-                    full = read_process(ctx.host, proc.pid)
-                except errors.TargetGone:
-                    continue  # exited since the scan
-                if full.start_time == proc.start_time:
-                    out.changes += self._plan_proc(ctx, rule, full)
-        return out
+        if any(r.children == "follow" for r in ctx.profile.process):
+            out.notes.append(
+                "process: the processes a matched process starts are placed with it; those "
+                "started after a one-shot apply are placed only while the daemon (gputuned) "
+                "runs, and revert puts back any that inherited the placement"
+            )
+        origin_of: dict[int, dict[str, str | None]] = {}
+        for pid, c in claims.items():
+            rule = rules[c.rule]
+            try:  # the scan read no threads: read them for the processes that matter
+                full = read_process(ctx.host, pid)
+            except errors.TargetGone:
+                continue  # exited since the scan
+            if full.start_time != c.start:
+                continue
+            tuned = tuned_by(ctx, rule)
+            orig = origins(full, c, tuned, parent_origin(ctx, c, origin_of), ctx.original)
+            origin_of[pid] = orig
+            if c.role == "excluded":
+                out.changes += self._give_back(ctx, rule, full, c, orig, tuned)
+            else:
+                out.changes += self._plan_proc(ctx, rule, full, c, orig, tuned)
+        return out, claims
 
-    def _plan_proc(self, ctx: PlanContext, rule: Config, proc: ProcInfo) -> list[Change]:
+    def _plan_proc(
+        self,
+        ctx: PlanContext,
+        rule: Config,
+        proc: ProcInfo,
+        c: Claim,
+        orig: dict[str, str | None],
+        tuned: Tuned,
+    ) -> list[Change]:
         """Settings for one process, in apply order: nice, policy, cgroup, then affinity.
 
         The move comes before the affinity: once a partition holds its CPUs they leave every
@@ -290,77 +421,36 @@ class ProcessTuner:
         them (sched_setaffinity returns EINVAL). On revert the affinity is restored while the
         process is still inside; the kernel keeps only the part its cpuset allows, so revert
         makes a second pass for such values once the process is back in its own cgroup.
+
+        A thread that shows the rule's value and whose process's original is known (journaled,
+        or its parent's: see proctree.origins()) got that value from gputuned's placement: its
+        journaled original is that one, not the value it shows.
         """
-        label = f"pid {proc.pid} ({proc.comm}, {len(proc.threads)} threads)"
-        why = f"process rule {rule.name!r}"
-        out: list[Change] = []
+        w = ChangeWriter(self.name, ctx, rule, proc, c)
         threads = proc.threads
-
-        def per_thread(
-            attr: str,
-            have: dict[int, str],
-            want: dict[int, str],
-            shown: str,
-            old: dict[int, str] | None = None,
-        ) -> None:
-            out.append(
-                Change(
-                    self.name,
-                    f"{label} {attr}",
-                    _summary(list(have.values())),
-                    shown,
-                    why,
-                    report_only=rule.report_only,
-                    key=f"thread:{proc.pid}:{proc.start_time}:{attr}",
-                    kind="thread",
-                    data={
-                        "pid": proc.pid,
-                        "start": proc.start_time,
-                        "ppid": proc.ppid,
-                        "attr": attr,
-                        "threads": want,
-                        "old": old if old is not None else have,
-                        "cgmount": ctx.cgroup.v2_mount,
-                    },
-                    in_sync=all(have[t] == want[t] for t in want),
-                )
-            )
-
         if rule.nice is not None:
-            per_thread(
+            w.per_thread(
                 "nice",
                 {t.tid: str(t.nice) for t in threads},
                 {t.tid: str(rule.nice) for t in threads},
                 str(rule.nice),
+                orig,
+                tuned,
             )
         if rule.policy != "keep":
             want = policy_value(rule.policy, rule.priority or 0)
-            per_thread(
+            w.per_thread(
                 "policy",
                 {t.tid: policy_value(t.policy, t.rt_priority) for t in threads},
                 {t.tid: want for t in threads},
                 want,
+                orig,
+                tuned,
             )
-        cs = ctx.profile.cpuset
-        if cs is not None and rule.move_to_partition and cs.mode in ("root", "isolated"):
-            want_cg = "/" + cs.cgroup
-            mount = ctx.cgroup.v2_mount
-            if ctx.cgroup.partitions_possible and mount is not None:
-                out.append(
-                    Change(
-                        self.name,
-                        f"{label} cgroup",
-                        proc.cgroup or "-",
-                        want_cg,
-                        why,
-                        report_only=rule.report_only,
-                        key=f"proc_cgroup:{proc.pid}:{proc.start_time}",
-                        kind="proc_cgroup",
-                        data={"pid": proc.pid, "start": proc.start_time, "mount": mount},
-                        in_sync=proc.cgroup == want_cg,
-                    )
-                )
+        if tuned.cgroup is not None:
+            w.move(tuned.cgroup, orig.get("cgroup") if proc.cgroup == tuned.cgroup else None)
         if rule.cpus != "keep":
+            cs = ctx.profile.cpuset
             cpus = ctx.sets.sets[rule.cpus]
             isolated = cs is not None and cs.mode == "isolated"
             plan = thread_cpus(threads, cpus, rule.spread_threads and isolated)
@@ -372,17 +462,48 @@ class ProcessTuner:
             # original is "whatever the cgroup allows" (DEFAULT_AFFINITY), not the CPU list
             # of the moment, which a partition may have narrowed.
             allowed = _cgroup_cpus(ctx, proc.cgroup)
-            per_thread(
+            w.per_thread(
                 "affinity",
-                {t.tid: format_cpulist(t.affinity) for t in threads},
-                {tid: format_cpulist(c) for tid, c in plan.items()},
-                shown,
                 {
                     t.tid: DEFAULT_AFFINITY if t.affinity == allowed else format_cpulist(t.affinity)
                     for t in threads
                 },
+                {tid: format_cpulist(c) for tid, c in plan.items()},
+                shown,
+                orig,
+                tuned,
+                have={t.tid: format_cpulist(t.affinity) for t in threads},
             )
-        return out
+        return w.out
+
+    def _give_back(
+        self,
+        ctx: PlanContext,
+        rule: Config,
+        proc: ProcInfo,
+        c: Claim,
+        orig: dict[str, str | None],
+        tuned: Tuned,
+    ) -> list[Change]:
+        """A descendant the rule leaves out: where it shows what the placement passed on at
+        fork, it gets its ancestor's original instead (journaled as its own, so revert leaves
+        it so). Nothing where it never inherited anything from gputuned."""
+        w = ChangeWriter(self.name, ctx, rule, proc, c)
+        for attr in ("nice", "policy", "cgroup", "affinity"):
+            was = orig.get(attr)
+            if was is None:
+                continue
+            if attr == "cgroup":
+                if tuned.cgroup is not None and proc.cgroup == tuned.cgroup:
+                    mount = ctx.cgroup.v2_mount or ""
+                    w.move(nearest_cgroup(ctx.host, mount, was), was)
+                continue
+            now = {t.tid: current(proc, t, attr) for t in proc.threads}
+            back = {tid: was for tid, v in now.items() if v != was and tuned.shows(attr, v)}
+            if back:
+                shown = "what its cgroup allows" if was == DEFAULT_AFFINITY else was
+                w.per_thread(attr, now, back, shown, orig, tuned, give_back=True)
+        return w.out
 
 
 #: Journal value of an affinity the thread never set itself (see _plan_proc).
@@ -397,11 +518,6 @@ def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:
         if cpus is not None:
             return cpus
     return ctx.cpus.online
-
-
-def policy_value(policy: str, priority: int) -> str:
-    """One string per scheduling setting: "other", "batch", "fifo:10"."""
-    return f"{policy}:{priority}" if policy in ("fifo", "rr") else policy
 
 
 def thread_cpus(

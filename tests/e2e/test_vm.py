@@ -39,6 +39,7 @@ GUEST_DIR = "/opt/gputuned-vm"
 VENV = vm_image.VENV
 PROFILE = f"{GUEST_DIR}/vm-host.toml"
 WORKLOAD = "gputuned-vm-workload.service"
+TREE_UNIT = "gputuned-vm-tree.service"
 GPU_UP = "gputuned-vm-gpu-up.service"
 UNIT = "gputuned.service"
 GPU = vm_image.FAKE_GPU_BDF
@@ -429,6 +430,8 @@ def test_install(lane: Lane) -> None:
             (HERE / "guest/probe.py", f"{GUEST_DIR}/probe.py"),
             (HERE / "guest/workload.py", f"{GUEST_DIR}/workload.py"),
             (HERE / "guest" / WORKLOAD, f"/etc/systemd/system/{WORKLOAD}"),
+            (HERE / "guest/tree.py", f"{GUEST_DIR}/tree.py"),
+            (HERE / "guest" / TREE_UNIT, f"/etc/systemd/system/{TREE_UNIT}"),
             (HERE / "guest" / GPU_UP, f"/etc/systemd/system/{GPU_UP}"),
             (HERE / "guest/install_wheel.py", f"{GUEST_DIR}/install_wheel.py"),
         ):
@@ -625,9 +628,9 @@ def test_neighbour_partition(lane: Lane) -> None:
         ph.detail = f"{summary}; capture after equals before"
 
 
-def _capture_diff(m: Machine, name: str) -> str:
+def _capture_diff(m: Machine, name: str, base: str = "before") -> str:
     sh(m, f"rm -rf {CAPTURES}/{name} && gputunectl capture --stable {CAPTURES}/{name}")
-    res = sh(m, f"diff -r {CAPTURES}/before {CAPTURES}/{name}", check=False)
+    res = sh(m, f"diff -r {CAPTURES}/{base} {CAPTURES}/{name}", check=False)
     assert res.rc in (0, 1), res
     return res.out
 
@@ -672,6 +675,95 @@ def test_kill_mid_apply(lane: Lane) -> None:
         ph.detail = (
             f"killed after write 6; NRestarts={props['NRestarts']}; {adopted.group(1)} journal "
             "entries adopted; verify exit 2; capture after stop equals before"
+        )
+
+
+def _tree(m: Machine, want: str) -> dict[str, Any]:
+    """Wait until every process of the tree is ``want`` ("placed" or "home"); its probe.
+
+    "placed": in the partition, nice -10, on its CPUs; the resource tracker (left out) in its
+    unit, nice 0, on what its cgroup allows while the partition holds 2-3: CPUs 0-1. "home":
+    all in the unit, nice 0, on CPUs 0-3 (a pin left over would show once the partition is
+    gone: the kernel gives a task its own mask back when its cpuset grows)."""
+    home = f"/system.slice/{TREE_UNIT}"
+
+    def check() -> Any:
+        st = probe(m)
+        tree = st["tree"]
+        if not tree or any(not p["tasks"] for p in tree.values()):
+            return None
+        for role, p in tree.items():
+            for t in p["tasks"]:
+                if want == "placed" and role != "tracker":
+                    ok = (
+                        t["cgroup"] == "/gputuned.inference"
+                        and t["nice"] == -10
+                        and set(t["affinity"]) <= PARTITION
+                    )
+                else:
+                    cpus = HOUSEKEEPING if want == "placed" else HOUSEKEEPING | PARTITION
+                    ok = t["cgroup"] == home and t["nice"] == 0 and set(t["affinity"]) == cpus
+                if not ok:
+                    return None
+        return st
+
+    try:
+        st = wait_for(f"the tree {want}", check, timeout=120, every=2)
+    except AssertionError:
+        raise AssertionError(
+            f"the tree is not {want}:\n{json.dumps(probe(m)['tree'], indent=1)}"
+        ) from None
+    assert isinstance(st, dict)
+    return st
+
+
+def _stop_daemon_leaves_nothing(m: Machine, capture: str) -> None:
+    sh(m, f"systemctl stop {UNIT}")
+    res = sh(m, f"systemctl show {UNIT} -p ExecMainStatus -p Result")
+    assert "ExecMainStatus=0" in res.out and "Result=success" in res.out, res.out
+    st = _tree(m, "home")
+    assert st["partition_procs"] is None, (
+        f"gputuned's cgroup is still there: {st['partition_procs']}"
+    )
+    assert not st["journal"]["entries"], st["journal"]
+    diff = _capture_diff(m, capture, base="tree-before")
+    assert diff == "", f"after the stop the host differs from the capture with the tree:\n{diff}"
+
+
+def test_process_tree(lane: Lane) -> None:
+    m = lane.need("kill -9 mid-apply")
+    with lane.phase(
+        "process tree",
+        "a spawn-made tree (API -> engine -> worker, resource tracker, comm renames) in its "
+        "system unit: placed whole in the partition tree first and daemon first (tracker left "
+        "out), stop = capture, nothing left in gputuned's cgroup, stop exits 0",
+    ) as ph:
+        # Tree first: the daemon finds it running (its start walks the tree).
+        sh(m, f"systemctl stop {UNIT} && systemctl start {TREE_UNIT}")
+        wait_for("tree.py up", lambda: probe(m)["tree"], timeout=120, every=2)
+        _tree(m, "home")
+        sh(
+            m,
+            f"rm -rf {CAPTURES}/tree-before && gputunectl capture --stable {CAPTURES}/tree-before",
+        )
+        sh(m, f"systemctl start {UNIT}")
+        t0 = time.monotonic()
+        _tree(m, "placed")
+        first = time.monotonic() - t0
+        _stop_daemon_leaves_nothing(m, "tree-after-1")
+        # Daemon first: children spawned from a placed process inherit; each is journaled.
+        sh(m, f"systemctl stop {TREE_UNIT} && systemctl start {UNIT}")
+        sh(m, f"systemctl start {TREE_UNIT}")
+        wait_for("tree.py up again", lambda: probe(m)["tree"], timeout=120, every=2)
+        st = _tree(m, "placed")
+        pids = {role: p["pid"] for role, p in st["tree"].items()}
+        entries = {int(e["data"]["pid"]) for e in st["journal"]["entries"] if "pid" in e["data"]}
+        assert {pids["api"], pids["engine"], pids["worker"]} <= entries, (pids, entries)
+        _stop_daemon_leaves_nothing(m, "tree-after-2")
+        sh(m, f"systemctl stop {TREE_UNIT} && systemctl start {UNIT}")
+        ph.detail = (
+            f"tree first: placed {first:.0f} s after start; daemon first: "
+            f"{len(entries)} processes journaled; both stops = capture, exit 0"
         )
 
 

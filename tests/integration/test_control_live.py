@@ -10,14 +10,11 @@ in the run directory (the checkout may sit where that user cannot read).
 from __future__ import annotations
 
 import contextlib
-import grp
 import json
 import logging
 import os
-import pwd
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +26,7 @@ import gputuned
 from gputuned.host import Host
 from gputuned.host.control import ControlServer
 from tests.unit.test_control import Loop, echo
+from tests.users import python_for, system_user
 
 pytestmark = pytest.mark.integration
 
@@ -98,63 +96,27 @@ class TestUser:
         return (f"--regid={self.gid}", "--init-groups")
 
 
-def _python_for(uid: int, gid: int) -> str | None:
-    """An interpreter the user can run (this one may sit under /root, which is 0700)."""
-    for cand in (sys.executable, "/usr/bin/python3", shutil.which("python3")):
-        if cand is None:
-            continue
-        probe = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", cand, "-c", ""]
-        if subprocess.run(probe, check=False, capture_output=True, cwd="/").returncode == 0:
-            return cand
-    return None
-
-
 @pytest.fixture
 def user() -> Iterator[TestUser]:
     if os.geteuid() != 0:
         pytest.skip("root is required: it makes a user and checks peers of other users")
-    for tool in ("setpriv", "useradd", "userdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing")
-    created = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--user-group",
-                "--shell",
-                "/usr/sbin/nologin",
-                USER,
-            ],
-            check=True,
-        )
-        created = True
-    try:
-        pw = pwd.getpwnam(USER)
-        python = _python_for(pw.pw_uid, pw.pw_gid)
+    with system_user(USER) as pw:
+        python = python_for(pw.pw_uid, pw.pw_gid)
         if python is None:
             pytest.skip(f"no Python interpreter that {USER} may run")
         shutil.rmtree(RUN_DIR, ignore_errors=True)  # a run that was killed
         RUN_DIR.mkdir()
         RUN_DIR.chmod(0o755)
-        lib = RUN_DIR / "lib"
-        shutil.copytree(
-            Path(gputuned.__file__).parent,
-            lib / "gputuned",
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-        yield TestUser(pw.pw_uid, pw.pw_gid, python, lib)
-    finally:
-        shutil.rmtree(RUN_DIR, ignore_errors=True)
-        if created:
-            subprocess.run(["userdel", USER], check=True)
-            with contextlib.suppress(KeyError):  # userdel leaves the group when it is shared
-                grp.getgrnam(USER)
-                subprocess.run(["groupdel", USER], check=True)
+        try:
+            lib = RUN_DIR / "lib"
+            shutil.copytree(
+                Path(gputuned.__file__).parent,
+                lib / "gputuned",
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+            yield TestUser(pw.pw_uid, pw.pw_gid, python, lib)
+        finally:
+            shutil.rmtree(RUN_DIR, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -56,6 +56,7 @@ def test_daemon_places_new_processes_and_threads(tmp_path: Path) -> None:
             [[process]]
             name = "w"
             match.cmdline = "{token}"
+            match.uid = 0
             cpus = "inference"
             nice = 7
             """

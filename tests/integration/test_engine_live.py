@@ -82,7 +82,7 @@ def profile_for(token: str) -> dict[str, object]:
         "process": [
             {
                 "name": "child",
-                "match": {"cmdline": token},
+                "match": {"cmdline": token, "uid": 0},
                 "cpus": "inference",
                 "nice": 5,
                 "policy": "batch",
@@ -184,6 +184,7 @@ def _toml(d: dict[str, object]) -> str:
         [[process]]
         name = "child"
         match.cmdline = "{rule["match"]["cmdline"]}"
+        match.uid = 0
         cpus = "inference"
         nice = 5
         policy = "batch"

@@ -37,9 +37,9 @@ from gputuned.host.control import daemon_running
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
 from tests.conftest import TREES_DIR
-from tests.fakeproc import add_process
+from tests.fakeproc import add_process, add_user
 from tests.reliability.conftest import REPO, cli, diff_keys, subprocess_env
-from tests.unit.test_apply import PROFILES, SERVER_PID, digest
+from tests.unit.test_apply import PROFILES, SERVER_PID, SERVER_UID, SERVER_USER, digest
 
 TREE = "degraded-link"
 WORKERS = 2
@@ -48,6 +48,7 @@ WORKERS = 2
 def make_tree(dest: Path) -> Path:
     root = dest / TREE
     shutil.copytree(TREES_DIR / TREE, root, symlinks=True)
+    add_user(root, SERVER_USER, SERVER_UID)
     add_process(
         root,
         SERVER_PID,
@@ -57,6 +58,7 @@ def make_tree(dest: Path) -> Path:
         start_time=123456,
         threads=[SERVER_PID, SERVER_PID + 1],
         cpus=(root / "sys/devices/system/cpu/online").read_text().strip(),
+        uid=SERVER_UID,
     )
     return root
 

@@ -640,7 +640,9 @@ def live_profile(token: str) -> Profile:
             "name": "rk",
             "cpusets": {"housekeeping": {"cpus": "0"}, "work": {"cpus": "1"}},
             "irq": {"others_cpus": "housekeeping", "default_affinity": "housekeeping"},
-            "process": [{"name": "child", "match": {"cmdline": token}, "cpus": "work", "nice": 5}],
+            "process": [
+                {"name": "child", "match": {"cmdline": token, "uid": 0}, "cpus": "work", "nice": 5}
+            ],
         },
         "rk",
     )

@@ -628,15 +628,19 @@ GARBAGE = [
     b'{"v": 1, "cmd": "apply", "profile": "/no/such/profile.toml"}',
     b'{"v": 1, "cmd": "apply", "profile": "/dev/zero"}',
     b'{"v": 1, "cmd": "register", "pid": "x"}',
-    b'{"v": 1, "cmd": "unregister", "pid": -1}',
+    b'{"v": 1, "cmd": "unregister", "pid": -1}',  # not a process ID: refused (issue 13)
+    b'{"v": 1, "cmd": "register", "pid": true, "start": 1}',
+    b'{"v": 1, "cmd": "register", "pid": 1, "start": 1}',
+    b'{"v": 1, "cmd": "unregister", "pid": 99999999}',
     b'{"v": 1, "cmd": "status", "extra": ' + b"1" * 4000 + b"}",
     b"[" * 60000,  # deep nesting within the line limit: json.loads raises RecursionError
     b'{"a":' * 30000,
 ]
 
 
-#: Malformed but harmless: a status with an extra field, an unregister of no process.
-_ACCEPTED = (b'{"v": 1, "cmd": "status", "extra"', b'{"v": 1, "cmd": "unregister"')
+#: Malformed but harmless: a status with an extra field, an unregister of a process that
+#: gputuned never placed.
+_ACCEPTED = (b'{"v": 1, "cmd": "status", "extra"', b'{"v": 1, "cmd": "unregister", "pid": 999')
 
 
 def _refused(junk: bytes, answer: dict[str, Any] | None) -> bool:

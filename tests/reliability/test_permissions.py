@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import grp
 import json
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -47,6 +45,7 @@ from gputuned.profile import load_profile, parse_profile
 from gputuned.verify import verify_plan
 from tests.reliability.conftest import REPO, cli, subprocess_env
 from tests.unit.test_apply import PROFILES, SERVER_PID, digest, tree_copy
+from tests.users import python_for, system_user
 
 USER = "gputuned-test2"
 PACKAGE = Path(gputuned.__file__).parent
@@ -101,45 +100,15 @@ class User:
         return out
 
 
-def _python_for(uid: int, gid: int) -> str | None:
-    for cand in ("/usr/bin/python3", sys.executable, shutil.which("python3")):
-        if cand is None:
-            continue
-        probe = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", cand, "-c", ""]
-        if subprocess.run(probe, check=False, capture_output=True, cwd="/").returncode == 0:
-            return cand
-    return None
-
-
 @pytest.fixture
 def user() -> Iterator[User]:
     if os.geteuid() != 0:
         pytest.skip("root is required: it makes a user and checks peers of other users")
-    for tool in ("setpriv", "useradd", "userdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing")
-    created = False
-    try:
-        pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--user-group", "--shell",
-             "/usr/sbin/nologin", USER],
-            check=True,
-        )  # fmt: skip
-        created = True
-    try:
-        pw = pwd.getpwnam(USER)
-        python = _python_for(pw.pw_uid, pw.pw_gid)
+    with system_user(USER) as pw:
+        python = python_for(pw.pw_uid, pw.pw_gid)
         if python is None:
             pytest.skip(f"no Python interpreter that {USER} may run")
         yield User(pw.pw_uid, pw.pw_gid, python)
-    finally:
-        if created:
-            subprocess.run(["userdel", USER], check=True)
-            with contextlib.suppress(KeyError):  # userdel leaves the group when it is shared
-                grp.getgrnam(USER)
-                subprocess.run(["groupdel", USER], check=True)
 
 
 @pytest.fixture
@@ -415,7 +384,7 @@ def test_profile_text_is_only_data(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                     "name": f"r {payload}",
                     # A regular expression, used with re.search only: "$(...)" is an anchor
                     # and a group here, and the alternative matches the server.
-                    "match": {"cmdline": f"vllm|{payload}"},
+                    "match": {"cmdline": f"vllm|{payload}", "user": "inference"},
                     "cpus": "work",
                     "nice": 5,
                     "move_to_partition": True,

@@ -22,7 +22,7 @@ from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.verify import verify_plan
 from tests.conftest import ALL_TREES, TREES_DIR
-from tests.fakeproc import add_process, remove_process
+from tests.fakeproc import add_process, add_user, remove_process
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 SERVER_PID = 4242
@@ -44,9 +44,14 @@ def digest(root: Path) -> dict[str, str]:
     return out
 
 
+#: The account the shipped profiles' first rule names (match.user), as the trees have it.
+SERVER_USER, SERVER_UID = "inference", 990
+
+
 def tree_copy(name: str, tmp_path: Path, *, server: bool = True) -> Path:
     root = tmp_path / name
     shutil.copytree(TREES_DIR / name, root, symlinks=True)
+    add_user(root, SERVER_USER, SERVER_UID)
     if server:
         # A vLLM-like server with 4 threads, as the shipped rule matches it.
         cpus = (root / "sys/devices/system/cpu/online").read_text().strip()
@@ -59,6 +64,7 @@ def tree_copy(name: str, tmp_path: Path, *, server: bool = True) -> Path:
             start_time=123456,
             threads=[SERVER_PID, SERVER_PID + 1, SERVER_PID + 2, SERVER_PID + 3],
             cpus=cpus,
+            uid=SERVER_UID,
         )
     return root
 
@@ -82,7 +88,7 @@ def full_profile(**over: Any) -> Profile:
         "process": [
             {
                 "name": "server",
-                "match": {"cmdline": "vllm"},
+                "match": {"cmdline": "vllm", "user": SERVER_USER},
                 "cpus": "inference",
                 "nice": -10,
                 "policy": "batch",
@@ -396,6 +402,7 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
         start_time=123456,
         threads=[SERVER_PID + 1],
         cpus="0,9-15",
+        uid=SERVER_UID,
     )
     assert not (root / "sys/fs/cgroup/user.slice/user-0.slice/cpuset.cpus.effective").exists()
     apply_profile(Host(root), prof)

@@ -86,6 +86,27 @@ def test_tiny_cpu_only_run(tmp_path: Path) -> None:
     assert "CPU STAND-IN" in run.stdout and "noisy" in run.stdout
 
 
+def test_tiny_server_shaped_run(tmp_path: Path) -> None:
+    """--shape server: an API process that tokenises and spawns the decoding engine; the
+    tokens are measured as the API receives them; every process ends with the run."""
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--noise", "cpu", "--rounds", "1",
+         "--window", "1", "--warmup", "0.2", "--settle", "0.3", "--no-gputuned", "--shape",
+         "server", "--worker", "cpu", "--cpu-burners", "1", "--token-ms", "1", "--api-ms",
+         "0.5", "--request-tokens", "16"],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc: dict[str, Any] = json.loads((tmp_path / "noisy_neighbor.json").read_text())
+    assert doc["ok"] and doc["config"]["shape"] == "server"
+    assert "server-shaped" in doc["worker_info"]["desc"]
+    # The API process, its spawned engine and Python's resource tracker, all gone now.
+    assert len(doc["worker_pids"]) == 3 and doc["worker_pids"][0] == doc["started_pids"][0]
+    assert doc["leftover_pids"] == [], run.stdout
+    for w in doc["windows"]:
+        assert w["tokens"] > 0 and w["ttft_p50_ms"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
+
+
 @pytest.mark.parametrize("role", ["cpu", "net", "disk"])
 def test_noise_ends_by_itself_at_its_deadline(tmp_path: Path, role: str) -> None:
     argv = [sys.executable, str(SCRIPT), "--role", role, "--deadline", str(time.time() + 0.5)]

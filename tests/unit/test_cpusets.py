@@ -207,9 +207,10 @@ def test_shared_host_on_two_cpus_without_gpu_falls_back_and_says_so() -> None:
 
 def test_dedicated_profiles_on_two_cpus_leave_the_server_nothing() -> None:
     users = {
-        "dedicated-inference": "irq.gpu_cpus, cpuset.cpus, process[0].cpus",
+        "dedicated-inference": "irq.gpu_cpus, cpuset.cpus, process[0].cpus, process[1].cpus",
         "latency-critical": (
-            "irq.gpu_cpus, cpuset.cpus, process[0].cpus, bootargs.nohz_full, bootargs.rcu_nocbs"
+            "irq.gpu_cpus, cpuset.cpus, process[0].cpus, process[1].cpus, bootargs.nohz_full, "
+            "bootargs.rcu_nocbs"
         ),
     }
     for name, needed_by in users.items():
@@ -420,7 +421,7 @@ def test_guard_counts_nohz_full_and_asks_for_whole_cores(tmp_path: Path) -> None
 
 def test_several_partitions_refuse_move_to_partition(tmp_path: Path) -> None:
     text = 'name = "t"\n[cpusets.g]\nper = "gpu"\n[cpuset]\nmode = "root"\ncpus = "g"\n'
-    text += 'partitions = "node"\n[[process]]\nname = "s"\nmatch.comm = "x"\ncpus = "g"\n'
+    text += 'partitions = "node"\n[[process]]\nname = "s"\nmatch.comm = "x"\nmatch.uid = 0\ncpus = "g"\n'
     text += "move_to_partition = true\n"
     assert problems(tmp_path, text) == [
         (

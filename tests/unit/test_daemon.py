@@ -22,7 +22,7 @@ from gputuned.host.notify import Notifier
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
 from tests.fakeproc import add_process, stat_line, status_text
-from tests.unit.test_apply import PROFILES, digest, tree_copy
+from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
 
 Events = list[tuple[str, str]]
 
@@ -145,6 +145,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
         start_time=777,
         threads=[5001],
         cpus="0-15",
+        uid=SERVER_UID,
     )
     time.sleep(d.watcher.timeout if d.watcher else 0)  # the next polling scan is due
     d._on_proc_events()  # the polling watcher sees the new /proc/5000
@@ -305,6 +306,7 @@ def _server(root: Path, pid: int, threads: list[int]) -> None:
         start_time=777,
         threads=threads,
         cpus="0-15",
+        uid=SERVER_UID,
     )
 
 
@@ -366,7 +368,7 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     ctx = read_context(host, prof)
     from gputuned.engine import plan_processes
 
-    settings = plan_processes(ctx, [6000])
+    settings, _claims = plan_processes(ctx, [6000])
     assert settings
     journal = Journal(host)
 

@@ -19,8 +19,8 @@ from gputuned.host.pci import scan
 from gputuned.inspect import inspect
 from gputuned.profile import Profile, load_profile, parse_profile
 from tests.conftest import TREES_DIR
-from tests.fakeproc import add_process
-from tests.unit.test_apply import digest
+from tests.fakeproc import add_process, add_user
+from tests.unit.test_apply import SERVER_UID, SERVER_USER, digest
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 SHIPPED = ("shared-host", "dedicated-inference", "latency-critical")
@@ -188,6 +188,7 @@ def test_tensor_parallel_server_is_placed_over_every_gpus_cpus(tmp_path: Path) -
     """The vLLM API server of a TP-8 server, placed by the shipped rule: moved into the one
     partition, which spans the CPUs of all 8 GPUs on both sockets (not socket 0 alone)."""
     root = copy("dual-socket-8gpu", tmp_path)
+    add_user(root, SERVER_USER, SERVER_UID)  # the account the shipped rule names
     add_process(
         root,
         5000,
@@ -197,6 +198,7 @@ def test_tensor_parallel_server_is_placed_over_every_gpus_cpus(tmp_path: Path) -
         start_time=100,
         threads=[5001, 5002],
         cpus="0-63",
+        uid=SERVER_UID,
     )
     for name in SHIPPED:
         result = plan(root, shipped(name))

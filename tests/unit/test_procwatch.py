@@ -145,7 +145,11 @@ def test_comm() -> None:
     assert (raw.tid, raw.tgid, raw.comm) == (4243, 4242, "VLLM::Worker")
     full = one(message(proc_event(0x200, struct.pack("=ii16s", 1, 1, b"a" * 15 + b"\0"))))
     assert full.comm == "a" * 15  # TASK_COMM_LEN 16, NUL-terminated
+    # A worker thread renamed: rules look at the main thread's name only, so it is dropped.
     assert pw.to_proc_event(raw) is None
+    # The main thread renamed (setproctitle, prctl(PR_SET_NAME)): the process is looked at again.
+    main = one(message(proc_event(0x200, struct.pack("=ii16s", 4242, 4242, b"VLLM::EngineCor"))))
+    assert pw.to_proc_event(main) == ProcEvent("comm", 4242, 4242)
 
 
 @pytest.mark.parametrize(
@@ -264,6 +268,7 @@ def test_read_maps_events_and_reports_an_overflow_once() -> None:
         ProcEvent("fork", 20, 20, 10),
         OVERFLOW,
         ProcEvent("exec", 20, 20),
+        ProcEvent("comm", 20, 20),  # the main thread renamed itself (setproctitle)
         ProcEvent("thread", 20, 21, 10),
         ProcEvent("exit", 20, 20),
     ]

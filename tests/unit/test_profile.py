@@ -110,7 +110,8 @@ def test_unknown_key_in_cpuset_definition_and_process_match(tmp_path: Path) -> N
         ),
         (
             "process[0].match.pid",
-            "unknown key 'pid'; allowed keys here: exe, comm, cmdline, unit, cgroup, uses_gpu",
+            "unknown key 'pid'; allowed keys here: exe, comm, cmdline, user, uid, unit, "
+            "cgroup, uses_gpu",
         ),
     ]
 
@@ -200,7 +201,7 @@ def test_set_names(tmp_path: Path) -> None:
 def test_references_to_unknown_sets_everywhere(tmp_path: Path) -> None:
     text = SETS + 'exclude = ["hk"]\n[irq]\ngpu_cpus = "gpu"\nothers_cpus = "keep"\n'
     text += '[cpuset]\nmode = "root"\ncpus = "keep"\n[[process]]\nname = "s"\nmatch.comm = "x"\n'
-    text += 'cpus = "infer"\n[bootargs]\nnohz_full = "tickless"\n'
+    text += 'match.uid = 0\ncpus = "infer"\n[bootargs]\nnohz_full = "tickless"\n'
     known = "'housekeeping' or 'inference'"
     with_keep = "'housekeeping', 'inference' or 'keep'"
     assert problems(tmp_path, text) == [
@@ -262,7 +263,7 @@ def test_payload_sizes_accepted(tmp_path: Path) -> None:
 
 
 def rule(body: str, name: str = "s") -> str:
-    return f'[[process]]\nname = "{name}"\nmatch.comm = "x"\n{body}\n'
+    return f'[[process]]\nname = "{name}"\nmatch.comm = "x"\nmatch.uid = 0\n{body}\n'
 
 
 def test_nice_and_priority_ranges(tmp_path: Path) -> None:
@@ -326,8 +327,8 @@ def test_match_keys(tmp_path: Path) -> None:
         ("process[0].match.uses_gpu", "must be at least 0; got -1"),
         (
             "process[1].match",
-            "give at least one of exe, comm, cmdline, unit, cgroup or uses_gpu; a rule without "
-            "one would match every process",
+            "give at least one of user, uid, unit, cgroup, exe, comm, cmdline or uses_gpu; a "
+            "rule without one would match every process",
         ),
         ("process[2].name", "must not be empty"),
         ("process[2].match", "required key is missing; add it"),
@@ -698,8 +699,16 @@ def test_shipped_profiles_say_what_they_promise() -> None:
     assert shared.bootargs is None
     assert shared.cpuset is not None and shared.cpuset.mode == "root"
     assert [(r.nice, r.policy, r.cpus, r.move_to_partition) for r in shared.process] == [
-        (-10, "other", "inference", True)
+        (-10, "other", "inference", True),
+        (-10, "other", "inference", True),
     ]
+    # Who may have it: an account or a system unit, never a command line alone (issue 13).
+    for prof in (shared, dedicated, latency):
+        assert [(r.match.user, r.match.unit, r.children) for r in prof.process] == [
+            ("inference", None, "follow"),
+            (None, "inference.service", "follow"),
+        ]
+        assert len({r.match.cmdline for r in prof.process}) == 1
     assert dedicated.cpuset is not None and dedicated.cpuset.mode == "isolated"
     assert dedicated.process[0].spread_threads
     assert dedicated.bootargs is not None and dedicated.bootargs.irqaffinity == "housekeeping"
@@ -725,13 +734,25 @@ def test_shipped_profiles_say_what_they_promise() -> None:
         ),
         ("vim vllm.py", False),
         ("python3 -m pytest tests/test_vllm.py", False),
+        # Interpreter options with arguments (issue 13).
+        ("python3 -X faulthandler -m sglang.launch_server --model-path m", True),
+        ("python3 -W ignore -m vllm.entrypoints.openai.api_server --model m", True),
+        ("/usr/bin/python3.11 -u -Wignore -X dev -m vllm.entrypoints.openai.api_server", True),
+        # A spawned child before setproctitle renames it: only its tree finds it.
+        (
+            "python3 -c from multiprocessing.spawn import spawn_main; "
+            "spawn_main(tracker_fd=5, pipe_handle=7) --multiprocessing-fork",
+            False,
+        ),
+        ("python3 -c import vllm", False),
     ],
 )
 def test_shipped_server_rule_matches_servers_but_not_gputuned(cmdline: str, matches: bool) -> None:
     for name in SHIPPED:
-        pattern = load_profile(PROFILES / f"{name}.toml").process[0].match.cmdline
-        assert pattern is not None
-        assert bool(re.search(pattern, cmdline)) is matches
+        for rule in load_profile(PROFILES / f"{name}.toml").process:
+            pattern = rule.match.cmdline
+            assert pattern is not None
+            assert bool(re.search(pattern, cmdline)) is matches
 
 
 # -- schema and docs -----------------------------------------------------------------------------
@@ -760,6 +781,7 @@ def test_schema_is_json_with_every_table() -> None:
         "CpuSetSpec",
         "CpusetConfig",
         "DaemonConfig",
+        "Exclude",
         "IrqConfig",
         "Match",
         "PcieAspmConfig",

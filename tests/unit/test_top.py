@@ -21,7 +21,8 @@ from gputuned.host.sampling import read_irq_counts, sample_process
 from gputuned.profile import load_profile
 from gputuned.top import Target, compute_rows, find_targets, run_top, take_snapshot
 from tests.conftest import TREES_DIR
-from tests.fakeproc import add_process
+from tests.fakeproc import add_process, add_user
+from tests.unit.test_apply import SERVER_UID, SERVER_USER
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = 4242
@@ -54,6 +55,7 @@ def set_interrupts(root: Path, per_cpu: list[int], timer: int = 1000) -> None:
 def tree(tmp_path: Path) -> Path:
     root = tmp_path / "h200-vm"
     shutil.copytree(TREES_DIR / "h200-vm", root, symlinks=True)
+    add_user(root, SERVER_USER, SERVER_UID)
     add_process(
         root,
         SERVER,
@@ -63,6 +65,7 @@ def tree(tmp_path: Path) -> Path:
         start_time=123456,
         threads=[SERVER + 1],
         cpus="1-4",
+        uid=SERVER_UID,
     )
     for tid in (SERVER, SERVER + 1):
         set_counters(root, SERVER, tid, run=10**9, wait=10**6)
@@ -276,6 +279,7 @@ def test_refreshes_until_interrupted_and_picks_up_new_servers(tree: Path) -> Non
                 exe="/usr/bin/python3",
                 start_time=9,
                 cpus="0-15",
+                uid=SERVER_UID,
             )
         if now[0] > 7:
             raise KeyboardInterrupt

@@ -81,31 +81,54 @@ def pcie(bdf: str) -> dict[str, Any] | None:
     return out
 
 
+def tasks(pid: int) -> list[dict[str, Any]]:
+    out = []
+    for t in sorted(glob.glob(f"/proc/{pid}/task/*")):
+        tid = int(os.path.basename(t))
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, tid)
+            aff = sorted(os.sched_getaffinity(tid))
+        except OSError:
+            continue
+        out.append(
+            {
+                "tid": tid,
+                "comm": read(f"{t}/comm"),
+                "nice": nice,
+                "affinity": aff,
+                "cgroup": (read(f"{t}/cgroup") or "")[3:],
+                "policy": os.sched_getscheduler(tid),
+            }
+        )
+    return out
+
+
 def workload() -> dict[str, Any] | None:
     for d in glob.glob("/proc/[0-9]*"):
         cmd = (read(f"{d}/cmdline") or "").replace("\0", " ")
         if "gputuned-vm/workload.py" in cmd and "probe.py" not in cmd:
             pid = int(os.path.basename(d))
-            tasks = []
-            for t in sorted(glob.glob(f"{d}/task/*")):
-                tid = int(os.path.basename(t))
-                try:
-                    nice = os.getpriority(os.PRIO_PROCESS, tid)
-                    aff = sorted(os.sched_getaffinity(tid))
-                except OSError:
-                    continue
-                tasks.append(
-                    {
-                        "tid": tid,
-                        "comm": read(f"{t}/comm"),
-                        "nice": nice,
-                        "affinity": aff,
-                        "cgroup": (read(f"{t}/cgroup") or "")[3:],
-                        "policy": os.sched_getscheduler(tid),
-                    }
-                )
-            return {"pid": pid, "tasks": tasks}
+            return {"pid": pid, "tasks": tasks(pid)}
     return None
+
+
+def tree() -> dict[str, Any] | None:
+    """The process tree of gputuned-vm-tree.service (tree.py), by role: its tasks."""
+    text = read("/run/gputuned-vm-tree.json")
+    if not text:
+        return None
+    return {role: {"pid": pid, "tasks": tasks(pid)} for role, pid in json.loads(text).items()}
+
+
+def partition_procs() -> list[int] | None:
+    """Processes in gputuned's cgroup and below it (None when there is no such cgroup)."""
+    if not os.path.isdir(PART):
+        return None
+    out = []
+    for d, _dirs, files in os.walk(PART):
+        if "cgroup.procs" in files:
+            out += [int(p) for p in (read(f"{d}/cgroup.procs") or "").split()]
+    return out
 
 
 def journal() -> dict[str, Any]:
@@ -147,6 +170,8 @@ print(
             "irqs": irqs(),
             "pcie": {b: pcie(b) for b in sorted(os.listdir("/sys/bus/pci/devices"))},
             "workload": workload(),
+            "tree": tree(),
+            "partition_procs": partition_procs(),
             "journal": journal(),
         }
     )

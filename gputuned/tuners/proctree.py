@@ -1,0 +1,407 @@
+"""Which processes a `[[process]]` rule claims: the ones it matches, and their descendants.
+
+A server is a process tree. vLLM's API server (the process whose command line names vllm)
+starts the process that drives the GPU through multiprocessing's *spawn* context
+(vllm/v1/engine/core_client.py, vllm/utils/system_utils.py get_mp_context()), which starts one
+worker per GPU the same way (vllm/v1/executor/multiproc_executor.py); each renames itself with
+setproctitle (``VLLM::EngineCore``, ``VLLM::Worker_TP0``). A spawned child's command line is
+``python3 -c from multiprocessing.spawn import spawn_main; ...``: no rule can match it by name,
+and the GPU-driving process is such a child. So a rule claims the processes it matches and
+everything they start (``children = "follow"``), found by parent PID (proc(5) stat field 4)
+when the tree already exists and by fork events as it grows.
+
+The kernel copies nice, scheduling policy, CPU affinity and cgroup at fork (kernel/fork.c
+copy_process(), cgroup_post_fork()), and exec keeps them. A child of a placed process therefore
+shows the placement without gputuned having written anything; what it had before gputuned is
+what its parent had before gputuned. :func:`origins` works that out from the journal, so that
+revert gives every such child its real original, and so that a child the rule leaves out
+(``exclude``, ``children = "ignore"``) can be given back what it would have had.
+
+This module only reads what the plan context already holds; it never touches the host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gputuned import errors
+from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.host.proc import read_process, user_id
+
+if TYPE_CHECKING:
+    from gputuned.changes import PlanContext
+    from gputuned.host.proc import ProcInfo, ThreadInfo
+    from gputuned.tuners.process import Config, Exclude, Match
+
+#: Processes of gputuned itself are never placed, whatever a rule says.
+OWN_COMMS = ("gputunectl", "gputuned")
+#: The attributes a placement passes on at fork, as they are keyed in the journal.
+INHERITED = ("nice", "policy", "affinity", "cgroup")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A process a rule claims. ``role``: "match" (the rule's keys, or a registration),
+    "child" (a descendant, placed like the match) or "excluded" (a descendant the rule leaves
+    out: it gets back what its ancestor had before gputuned). ``parent``: the claimed process
+    it descends from, 0 for none."""
+
+    rule: str
+    role: str
+    start: int
+    parent: int = 0
+
+
+# ---- matching -----------------------------------------------------------------------------
+
+
+def system_unit(cgroup: str) -> str | None:
+    """The systemd *system* unit a cgroup v2 path belongs to, or None.
+
+    As systemd's cg_path_get_unit() (src/basic/cgroup-util.c): skip the slices from the top;
+    the next component is the unit. Paths under ``user.slice`` are users' sessions and their
+    own service managers (``user@UID.service``): a user can name a unit there anything
+    (``systemd-run --user --unit=vllm.service``), so they belong to no system unit here.
+    """
+    for part in (p for p in cgroup.split("/") if p):
+        if part == "user.slice":
+            return None
+        if part.endswith(".slice"):
+            continue
+        return part if part.endswith((".service", ".scope")) else None
+    return None
+
+
+def owner_key(match: Match) -> str | None:
+    """The key of ``match`` that only the host's administrator can satisfy, or None.
+
+    ``user``/``uid``: a process runs as an account only if that account started it (or root).
+    ``unit``: only the system manager creates system units. ``cgroup`` outside ``user.slice``:
+    only root creates cgroups there (users' delegated subtrees are under user.slice). ``exe``,
+    ``comm``, ``cmdline`` and ``uses_gpu`` are every user's to choose: a script named vllm.py,
+    ``exec -a``, a copy of the interpreter.
+    """
+    if match.user is not None:
+        return "user"
+    if match.uid is not None:
+        return "uid"
+    if match.unit is not None:
+        return "unit"
+    if match.cgroup is not None:
+        top = next((p for p in match.cgroup.split("/") if p), None)
+        if top is not None and top != "user.slice":
+            return "cgroup"
+    return None
+
+
+def _cheap(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> bool:
+    """The keys a brief read of /proc answers (stat and cmdline): most processes of a host
+    fail these, and are never read further."""
+    if proc.kernel or (proc.exe is None and not proc.cmdline and not proc.brief):
+        return False
+    return (
+        (rule.comm is None or proc.comm == rule.comm)
+        and (rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None)
+        and (rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()))
+    )
+
+
+def _needs_more(rule: Match) -> bool:
+    return any(v is not None for v in (rule.exe, rule.user, rule.uid, rule.unit, rule.cgroup))
+
+
+def matches(
+    rule: Match,
+    proc: ProcInfo,
+    gpu_pids: dict[int, frozenset[int]],
+    *,
+    uid: int | None = None,
+    cgroup: str | None = None,
+) -> bool:
+    """All keys the rule gives must match; kernel threads (no exe, no cmdline) never do.
+
+    ``uid``: what ``match.user`` names on this host (None: no such account, nothing matches).
+    ``cgroup``: the process's cgroup before gputuned moved it (journaled), else its own: a
+    process matched by unit stays matched once it is in the partition.
+    """
+    if proc.kernel or (proc.exe is None and not proc.cmdline):
+        return False
+    where = proc.cgroup if cgroup is None else cgroup
+    want_uid = rule.uid if rule.user is None else uid
+    checks = (
+        rule.exe is None or proc.exe == rule.exe,
+        rule.comm is None or proc.comm == rule.comm,
+        (rule.user is None and rule.uid is None)
+        or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid),
+        rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None,
+        rule.unit is None or system_unit(where) == rule.unit,
+        rule.cgroup is None
+        or where == rule.cgroup
+        or where.startswith(rule.cgroup.rstrip("/") + "/"),
+        rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()),
+    )
+    return all(checks)
+
+
+def excluded(ex: Exclude, proc: ProcInfo) -> bool:
+    return proc.comm in ex.comm or (
+        ex.cmdline is not None and re.search(ex.cmdline, proc.cmdline) is not None
+    )
+
+
+# ---- claiming -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimInput:
+    """What claiming needs besides the processes: see :func:`claim`."""
+
+    rules: tuple[Config, ...]
+    gpu_pids: dict[int, frozenset[int]]
+    uids: dict[str, int | None]  # match.user -> UID on this host
+    registered: dict[int, tuple[int, str]]  # pid -> (start time, rule)
+    known: dict[int, Claim]  # claims made earlier (the daemon's), for parents not listed
+    original_cgroup: Callable[[ProcInfo], str | None]
+    #: The whole of a briefly read process (exe, cgroup, user IDs); None once it is gone.
+    load: Callable[[int], ProcInfo | None] = lambda _pid: None
+
+
+def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
+    """Every process a rule claims, parents before their children.
+
+    First the processes a rule's keys match, or registered by hand (the first rule wins);
+    then, breadth first, every descendant of a claimed process (listed here or among the
+    ``known`` claims) that no rule matches itself: "child", or "excluded" when the rule says
+    ``children = "ignore"``, its ``exclude`` matches, or an ancestor was excluded already.
+    """
+    listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel}
+    by_name = {r.name: r for r in inp.rules}
+    out: dict[int, Claim] = {}
+    for pid, seen in list(listed.items()):
+        p = seen
+        reg = inp.registered.get(pid)
+        for rule in inp.rules:
+            if reg is not None and reg == (p.start_time, rule.name):
+                out[pid] = Claim(rule.name, "match", p.start_time)
+                break
+            if not _cheap(rule.match, p, inp.gpu_pids):
+                continue
+            if p.brief and _needs_more(rule.match):
+                full = inp.load(pid)
+                if full is None or full.start_time != p.start_time:
+                    break  # exited, or its PID reused, since the scan
+                p = listed[pid] = full
+            uid = inp.uids.get(rule.match.user or "")
+            if matches(rule.match, p, inp.gpu_pids, uid=uid, cgroup=inp.original_cgroup(p)):
+                out[pid] = Claim(rule.name, "match", p.start_time)
+                break
+    kids: dict[int, list[ProcInfo]] = {}
+    for p in listed.values():
+        kids.setdefault(p.ppid, []).append(p)
+    queue = [pid for pid in out] + [
+        pid for pid in kids if pid not in out and pid in inp.known and pid not in listed
+    ]
+    for parent in queue:  # grows as children are claimed: breadth first over every tree
+        up = out.get(parent) or inp.known[parent]
+        ruled = by_name.get(up.rule)
+        if ruled is None:
+            continue
+        for child in kids.get(parent, ()):
+            mine = out.get(child.pid)
+            if mine is not None:
+                if mine.role == "match" and mine.parent == 0:
+                    out[child.pid] = Claim(mine.rule, "match", mine.start, parent)
+                continue  # matched by a rule of its own, or already reached
+            leave_out = (
+                up.role == "excluded"
+                or ruled.children == "ignore"
+                or excluded(ruled.exclude, child)
+            )
+            role = "excluded" if leave_out else "child"
+            out[child.pid] = Claim(ruled.name, role, child.start_time, parent)
+            queue.append(child.pid)
+    for pid, p in listed.items():
+        # Claimed earlier and its parent is gone (a reparented orphan): it keeps its claim.
+        was = inp.known.get(pid)
+        if pid not in out and was is not None and was.start == p.start_time:
+            out[pid] = was
+    return _parents_first(out)
+
+
+def _parents_first(claims: dict[int, Claim]) -> dict[int, Claim]:
+    """``claims`` ordered by depth in the claimed trees: a child's original is worked out from
+    its parent's (see :func:`origins`)."""
+    depth: dict[int, int] = {}
+
+    def level(pid: int) -> int:
+        chain = []
+        while pid in claims and pid not in depth and pid not in chain:
+            chain.append(pid)
+            pid = claims[pid].parent
+        d = depth.get(pid, -1)
+        for p in reversed(chain):
+            d += 1
+            depth[p] = d
+        return depth.get(chain[0], d) if chain else d
+
+    return dict(sorted(claims.items(), key=lambda kv: level(kv[0])))
+
+
+# ---- originals ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """What a rule sets, per inherited attribute, and how to tell a value it set."""
+
+    nice: str | None
+    policy: str | None
+    cpus: frozenset[int] | None
+    cgroup: str | None
+
+    def shows(self, attr: str, value: str) -> bool:
+        """Does ``value`` (as journaled) look like this rule's doing?"""
+        if attr == "affinity":
+            if self.cpus is None:
+                return False
+            got = parse_cpulist(value) if value and value[0].isdigit() else frozenset()
+            return bool(got) and got <= self.cpus  # spread threads hold one CPU of the set
+        want = {"nice": self.nice, "policy": self.policy, "cgroup": self.cgroup}[attr]
+        return want is not None and value == want
+
+
+def journal_key(pid: int, start: int, attr: str, tid: int | None = None) -> str:
+    """The journal key of a process's setting (apply's Op keys: actions.expand())."""
+    if attr == "cgroup":
+        return f"proc_cgroup:{pid}:{start}"
+    return f"thread:{pid}:{start}:{pid if tid is None else tid}:{attr}"
+
+
+def current(proc: ProcInfo, thread: ThreadInfo | None, attr: str) -> str:
+    """A process's (main thread's) value of ``attr`` in the journal's form."""
+    if attr == "cgroup":
+        return proc.cgroup or "/"
+    if thread is None:
+        return ""
+    if attr == "nice":
+        return str(thread.nice)
+    if attr == "policy":
+        return policy_value(thread.policy, thread.rt_priority)
+    return format_cpulist(thread.affinity)
+
+
+def origins(
+    proc: ProcInfo,
+    claim_: Claim,
+    tuned: Tuned,
+    parent_origin: dict[str, str | None] | None,
+    original: Callable[[str], str | None],
+) -> dict[str, str | None]:
+    """Per attribute, what ``proc`` had before gputuned; None: its value now is its own.
+
+    Journaled: the value kept there. Else, when its parent was changed by gputuned (the
+    parent's own origin is known) and ``proc`` shows the rule's value, it got that value at
+    fork: its origin is the parent's. ``parent_origin`` is that of the claimed parent (None
+    when there is none, or it was never changed).
+    """
+    main = next((t for t in proc.threads if t.tid == proc.pid), None)
+    out: dict[str, str | None] = {}
+    for attr in INHERITED:
+        kept = original(journal_key(proc.pid, proc.start_time, attr))
+        if kept is not None:
+            out[attr] = kept
+            continue
+        up = (parent_origin or {}).get(attr) if claim_.parent else None
+        now = current(proc, main, attr)
+        out[attr] = up if up is not None and up != now and tuned.shows(attr, now) else None
+    return out
+
+
+# ---- from the plan context -------------------------------------------------------------
+
+
+def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
+    """What :func:`proctree.claim` needs from the plan context; notes what cannot match here."""
+    by_index = {g.index: g.bdf for g in ctx.cpus.gpus}
+    gpu_pids = {
+        idx: frozenset(p for g in ctx.snap.nvml or [] if g.bdf == bdf for p in g.pids)
+        for idx, bdf in by_index.items()
+    }
+    uids: dict[str, int | None] = {}
+    for rule in ctx.profile.process:
+        if rule.match.uses_gpu is not None and ctx.snap.nvml is None:
+            notes.append(
+                f"process[{rule.name}]: match.uses_gpu needs NVML, which is not available here"
+            )
+        name = rule.match.user
+        if name is not None and name not in uids:
+            uids[name] = user_id(ctx.host, name)
+            if uids[name] is None:
+                notes.append(
+                    f"process[{rule.name}]: this host has no account {name!r} (match.user); "
+                    "the rule matches nothing here"
+                )
+    original = ctx.original
+    owner = any(r.match.user is not None or r.match.uid is not None for r in ctx.profile.process)
+
+    def load(pid: int) -> ProcInfo | None:
+        try:
+            return read_process(ctx.host, pid, threads=False, owner=owner)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
+    return ClaimInput(
+        rules=ctx.profile.process,
+        gpu_pids=gpu_pids,
+        uids=uids,
+        registered=ctx.registered,
+        known=ctx.claimed,
+        original_cgroup=lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
+        load=load,
+    )
+
+
+def claim_processes(ctx: PlanContext) -> dict[int, Claim]:
+    """Every process the profile's rules claim in ``ctx`` (no thread is read)."""
+    return claim(ctx.processes, claim_input(ctx, []))
+
+
+def tuned_by(ctx: PlanContext, rule: Config) -> Tuned:
+    """What ``rule`` sets on this host, per attribute a child inherits."""
+    cs = ctx.profile.cpuset
+    moves = (
+        rule.move_to_partition
+        and cs is not None
+        and cs.mode in ("root", "isolated")
+        and ctx.cgroup.partitions_possible
+        and ctx.cgroup.v2_mount is not None
+    )
+    return Tuned(
+        nice=None if rule.nice is None else str(rule.nice),
+        policy=None if rule.policy == "keep" else policy_value(rule.policy, rule.priority or 0),
+        cpus=None if rule.cpus == "keep" else ctx.sets.sets.get(rule.cpus),
+        cgroup="/" + cs.cgroup if moves and cs is not None else None,
+    )
+
+
+def parent_origin(
+    ctx: PlanContext, c: Claim, origin_of: dict[int, dict[str, str | None]]
+) -> dict[str, str | None] | None:
+    """The origins of ``c``'s claimed parent: worked out in this plan, else (a parent the
+    daemon placed earlier) what the journal keeps for it."""
+    if not c.parent:
+        return None
+    if c.parent in origin_of:
+        return origin_of[c.parent]
+    known = ctx.claimed.get(c.parent)
+    if known is None:
+        return None
+    return {a: ctx.original(journal_key(c.parent, known.start, a)) for a in INHERITED}
+
+
+def policy_value(policy: str, priority: int) -> str:
+    """One string per scheduling setting: "other", "batch", "fifo:10"."""
+    return f"{policy}:{priority}" if policy in ("fifo", "rr") else policy

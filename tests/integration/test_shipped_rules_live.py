@@ -1,0 +1,211 @@
+"""The shipped rules boost only the server: a real unprivileged user gets nothing from them.
+
+A local user (``gputuned-atk``, made here when missing and removed again) tries what was seen
+to work before the rules named an owner or a unit (issue 13): a script named ``vllm.py``,
+``exec -a "python3 vllm"``, and a server in a user unit named like the system one
+(``systemd-run --user --unit=inference.service``). This machine's init is not systemd, so no
+real user unit can exist: the test makes the cgroup path such a unit would have in the
+cgroup v2 hierarchy (``/user.slice/user-UID.slice/user@UID.service/app.slice/
+inference.service``) and moves the process there, as systemd would have started it. For the
+other side, root starts the same script in a fake *system* unit (``/system.slice/
+inference.service``): the shipped ``server-unit`` rule must place that one.
+
+The daemon runs with the shipped profiles' ``[[process]]`` rules exactly as shipped (their text
+is copied from profiles/shared-host.toml), with CPU sets of this machine and no other table,
+so that only processes can change; placement falls back to per-thread affinity here (no
+cgroup v2 cpuset). Everything made here is removed again and every process killed by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gputuned.engine import plan_profile
+from gputuned.host import Host
+from gputuned.host.control import request
+from gputuned.host.proc import read_process
+from gputuned.host.system import read_cgroup_layout
+from gputuned.journal import Journal
+from gputuned.profile import load_profile
+from tests.integration.livedaemon import running_daemon
+from tests.users import python_for, system_user
+
+pytestmark = pytest.mark.usefixtures("as_root")
+
+REPO = Path(__file__).resolve().parents[2]
+USER = "gputuned-atk"
+RUN_DIR = Path("/run/gputuned-atk")
+UNIT = "inference.service"
+SLEEPER = "import time\ntime.sleep(120)\n"
+
+
+@dataclass(frozen=True)
+class Attacker:
+    uid: int
+    gid: int
+    python: str
+
+
+@pytest.fixture
+def attacker() -> Iterator[Attacker]:
+    with system_user(USER) as pw:
+        python = python_for(pw.pw_uid, pw.pw_gid)
+        if python is None:
+            pytest.fail(f"no Python interpreter that {USER} may run")
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+        RUN_DIR.mkdir()
+        RUN_DIR.chmod(0o755)
+        try:
+            (RUN_DIR / "vllm.py").write_text(SLEEPER)
+            yield Attacker(pw.pw_uid, pw.pw_gid, python)
+        finally:
+            shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def shipped_rules_profile(dest: Path, *, user: str | None = None) -> Path:
+    """The [[process]] rules of profiles/shared-host.toml, verbatim (``user``: the account
+    swapped for another, for the positive control), with this machine's CPU sets."""
+    text = (REPO / "profiles/shared-host.toml").read_text()
+    rules = text[text.index("[[process]]") : text.index("# No [bootargs]")]
+    if user is not None:
+        rules = rules.replace('match.user = "inference"', f'match.user = "{user}"')
+    dest.write_text(
+        'name = "shipped-rules"\n[cpusets.inference]\ncpus = "1"\n'
+        '[cpuset]\nmode = "root"\ncpus = "inference"\n[daemon]\ndrift_interval_s = 3600\n' + rules
+    )
+    return dest
+
+
+class Procs:
+    """Processes started here, by PID; killed at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self, argv: list[str], *, as_user: Attacker | None = None, cgroup: Path | None = None
+    ) -> int:
+        """Start ``argv`` (as ``as_user``), first moved into ``cgroup`` by root, as systemd
+        starts a unit's process in the unit's cgroup: it is there when it execs."""
+        if as_user is not None:
+            argv = ["setpriv", f"--reuid={as_user.uid}", f"--regid={as_user.gid}",
+                    "--clear-groups", *argv]  # fmt: skip
+        if cgroup is not None:
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+        p = subprocess.Popen(argv, cwd="/", stdin=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p.pid
+
+    def kill(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def settle(pid: int, want_comm: str = "python3") -> None:
+    """Wait until ``pid`` runs Python (setpriv and bash exec into it)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if read_process(Host(Path("/")), pid, threads=False).comm == want_comm:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} did not become {want_comm}")
+
+
+def boosted(pid: int) -> bool:
+    p = read_process(Host(Path("/")), pid)
+    return any(t.nice < 0 or t.affinity == frozenset({1}) for t in p.threads)
+
+
+@contextlib.contextmanager
+def fake_cgroups(mount: str, *rels: str) -> Iterator[list[Path]]:
+    """Make the cgroups ``rels`` (as systemd would have for the units); remove what was made
+    (once the processes in them are gone)."""
+    made: list[Path] = []
+    out = []
+    try:
+        for rel in rels:
+            parts = [p for p in rel.split("/") if p]
+            for i in range(len(parts)):
+                d = Path(mount, *parts[: i + 1])
+                if not d.is_dir():
+                    d.mkdir()
+                    made.append(d)
+            out.append(Path(mount, *parts))
+        yield out
+    finally:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
+    attacker: Attacker, tmp_path: Path
+) -> None:
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPUs: the rules place on CPU 1")
+    if len(Journal(Host(Path("/")))):
+        pytest.fail("a profile is applied on this machine (journal not empty): not touched")
+    mount = read_cgroup_layout(Host(Path("/"))).v2_mount
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy to make the units' cgroup paths in")
+    script = str(RUN_DIR / "vllm.py")
+    prof = shipped_rules_profile(tmp_path / "shipped.toml")
+    procs = Procs()
+    uid = attacker.uid
+    user_unit = f"/user.slice/user-{uid}.slice/user@{uid}.service/app.slice/{UNIT}"
+    with (
+        fake_cgroups(mount, user_unit, f"/system.slice/{UNIT}") as (in_user_unit, in_unit),
+        running_daemon(prof, tmp_path) as d,
+    ):
+        try:
+            a_script = procs.start([attacker.python, script], as_user=attacker)
+            a_exec = procs.start(
+                ["bash", "-c", f'exec -a "python3 vllm" {attacker.python} -c "{SLEEPER}"'],
+                as_user=attacker,
+            )
+            a_unit = procs.start([attacker.python, script], as_user=attacker, cgroup=in_user_unit)
+            server = procs.start([attacker.python, script], cgroup=in_unit)  # root's
+            for pid in (a_script, a_exec, a_unit, server):
+                settle(pid)
+            cmd = read_process(Host(Path("/")), a_exec, threads=False).cmdline
+            assert re.match(r"python3 vllm ", cmd), cmd
+            assert read_process(Host(Path("/")), a_unit, threads=False).cgroup == user_unit
+            deadline = time.monotonic() + 20
+            while not boosted(server):
+                assert time.monotonic() < deadline, "the server in its system unit not placed"
+                time.sleep(0.02)
+            status = request(Host(Path("/")), {"cmd": "status"})
+            assert status["placed"] == [server], status["placed"]
+            for pid in (a_script, a_exec, a_unit):
+                assert not boosted(pid), pid
+            # A full plan agrees: the server by its system unit, none of the user's processes.
+            plan = plan_profile(Host(Path("/")), load_profile(prof), allow_blocked=True)
+            by_rules = {c.data["pid"] for c in plan.settings if c.tuner == "process"}
+            assert by_rules == {server}, by_rules
+            # The positive control: the same rules naming root's account place root's process
+            # by account too, and the user's still not. The test can tell them apart.
+            ctl = load_profile(shipped_rules_profile(tmp_path / "ctl.toml", user="root"))
+            got = {
+                c.data["pid"]
+                for c in plan_profile(Host(Path("/")), ctl, allow_blocked=True).settings
+                if c.tuner == "process"
+            }
+            assert server in got and not got & {a_script, a_exec, a_unit}, got
+            d.send_signal(signal.SIGTERM)
+            assert d.wait(timeout=30) == 0
+            assert not boosted(server)
+        finally:
+            procs.kill()
+    assert len(Journal(Host(Path("/")))) == 0
