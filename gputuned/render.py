@@ -35,6 +35,11 @@ def _link(d: dict[str, Any]) -> str:
     )
 
 
+def _known(value: object) -> str:
+    """A decoded value, or '?' where the register could not be read (a finding says why)."""
+    return "?" if value is None else str(value)
+
+
 def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
     out = console()
     pol = data["aspm_policy"]
@@ -71,8 +76,8 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
             escape(f"{name}\n{d['port_type'] or ''}"),
             f"{d['numa_node'] if d['numa_node'] is not None else '-'} / {d['local_cpus'] or '-'}",
             _link(d),
-            f"{mps['current']}/{mps['supported']}/{mps['path_max']}" if mps else "-",
-            str(d["mrrs"] or "-"),
+            "/".join(_known(mps[k]) for k in ("current", "supported", "path_max")) if mps else "-",
+            _known(d["mrrs"]) if mps else "-",
             (
                 f"sup {'+'.join(aspm['supported']) or 'none'}\n"
                 f"on {'+'.join(aspm['enabled']) or 'none'}"
