@@ -268,11 +268,15 @@ def read_irq(host: Host, irq: int) -> IrqInfo:
 
 
 def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
-    """The ASPM policy and, without writing, whether the OS owns ASPM here and why not.
+    """The ASPM policy and, from what can be read, whether the OS may change it and why not.
 
     The kernel refuses policy writes with EPERM when ``aspm_disabled`` is set: firmware kept
     ASPM (ACPI FADT "ASPM unsupported", or _OSC did not grant PCIe capability control) or
-    ``pcie_aspm=off`` was given (drivers/pci/pcie/aspm.c, pcie_aspm_set_policy). On a tree, the
+    ``pcie_aspm=off`` was given (drivers/pci/pcie/aspm.c, pcie_aspm_set_policy). The same flag
+    hides every per-link ASPM file (aspm_ctrl_attrs_are_visible), so files present mean the OS
+    owns ASPM. Nothing is written to find out: inspect, plan and verify are read-only, and as
+    another user the write would fail with EACCES whoever owns ASPM (issue 14, finding 22).
+    Where reading cannot tell, ``writable`` is None and apply's write decides. On a tree, the
     error recorded at capture time stands in for the kernel's answer.
     """
     raw = host.read_optional(ASPM_POLICY)
@@ -288,18 +292,6 @@ def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
         return AspmPolicy(value, choices, False, "pcie_aspm=off on the kernel command line")
     if any(f.path == ASPM_POLICY and f.op == "write" and f.recorded for f in host.faults):
         return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
-    if host.live and value is not None:
-        # Ask the kernel: writing the current policy back returns before changing anything when
-        # the OS owns ASPM ("if (i == aspm_policy) return 0") and EPERM when it does not.
-        try:
-            host.write_text(ASPM_POLICY, value)
-        except errors.PermissionDenied:
-            return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
-        except errors.HostError as exc:
-            return AspmPolicy(value, choices, None, f"policy write test failed: {exc}")
-        return AspmPolicy(
-            value, choices, True, "the OS controls ASPM (the kernel accepts the policy)"
-        )
     if any(d.link_aspm for d in topo.devices.values()):
         return AspmPolicy(
             value, choices, True, "the OS controls ASPM (per-link ASPM files present)"
