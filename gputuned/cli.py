@@ -433,7 +433,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
     _add_root(s)
     _add_json(s)
-    s.add_argument("--all", action="store_true", help="every PCIe function, not only GPUs")
+    s.add_argument(
+        "--all",
+        action="store_true",
+        help="every PCIe function (and any whose config space is unreadable), not only GPUs",
+    )
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")

@@ -136,7 +136,7 @@ def device_report(dev: PciDevice, topo: PciTopology, nvml: NvmlGpu | None) -> di
 def inspect(host: Host, *, all_functions: bool = False) -> dict[str, Any]:
     snap = snapshot(host)
     by_bdf = {g.bdf: g for g in snap.nvml or []}
-    devs = snap.topo.pcie_functions() if all_functions else snap.topo.gpus()
+    devs = snap.topo.reported_functions() if all_functions else snap.topo.gpus()
     return {
         "root": str(host.root),
         "nvml": snap.nvml is not None,

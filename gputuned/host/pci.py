@@ -163,6 +163,13 @@ class PciTopology:
     def pcie_functions(self) -> list[PciDevice]:
         return [d for d in self.devices.values() if d.config.pcie is not None]
 
+    def reported_functions(self) -> list[PciDevice]:
+        """What ``inspect --all`` lists: every PCIe function, and every function whose config
+        space could not be read in full (it may be one; what it is cannot be told)."""
+        return [
+            d for d in self.devices.values() if d.config.pcie is not None or d.config.unreadable
+        ]
+
 
 def _min_mps(devices: list[PciDevice]) -> int | None:
     caps = [d.config.pcie.mps_supported for d in devices if d.config.pcie]

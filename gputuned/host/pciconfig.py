@@ -200,8 +200,10 @@ def read_registers(read: Callable[[int, int], bytes]) -> bytes:
     its first 256 bytes; a host with switches has dozens of functions under its GPUs' root
     ports. This reads the header's first 16 bytes, the capability pointer, one dword per
     capability and the PCIe capability's registers up to LnkSta: 13 dwords for that GPU
-    instead of 64. Bytes not read are zero. A config space shorter than 256 bytes comes back
-    as short as before (64 bytes: the header only, as parse_config expects).
+    instead of 64. Bytes not read are zero. A config space that ends before a register this
+    reads comes back as the 64-byte header alone, which parse_config reports (an unprivileged
+    read ends there; a device that cuts a read short elsewhere is reported the same way rather
+    than decoded from zeros).
     """
     img = bytearray(256)
 
@@ -221,8 +223,8 @@ def read_registers(read: Callable[[int, int], bytes]) -> bytes:
         seen.add(ptr)
         if not get(ptr, 4):
             return bytes(img[:64])  # a 64-byte config space: no capabilities to read
-        if img[ptr] == CAP_EXP:
-            get(ptr + DEVCAP, LNKSTA + 2 - DEVCAP)
+        if img[ptr] == CAP_EXP and not get(ptr + DEVCAP, LNKSTA + 2 - DEVCAP):
+            return bytes(img[:64])
         ptr = img[ptr + 1] & 0xFC
     return bytes(img)
 
@@ -242,8 +244,9 @@ def _state(raw: bytes, size: int) -> tuple[str, tuple[tuple[str, str], ...]]:
         return SHORT, (("config space", why),)
     if size < STANDARD and _u16(raw, 0x06) & 0x10:
         why = (
-            f"only the first {size} bytes are readable; the capabilities past them are not: "
-            "run as root to read config space (the kernel gives other users the header only)"
+            f"only the first {size} bytes could be read, not the capabilities past them: run as "
+            "root to read config space (the kernel gives other users the 64-byte header only), "
+            "or the device cut the read short"
         )
         return HEADER_ONLY, (("config space", why),)
     return OK, ()

@@ -212,3 +212,30 @@ def test_gpu_not_responding_keeps_its_link_aspm(tmp_path: Path) -> None:
     assert refused[f"{GPU} link"].startswith("not responding: config space reads all-ones")
     assert not any(c.target.startswith(GPU) for c in plan.settings)
     assert any(c.target.startswith("0000:04:00.0 link") for c in plan.settings)
+
+
+def test_read_cut_short_inside_the_pcie_registers_is_not_decoded_as_zeros(
+    tmp_path: Path,
+) -> None:
+    """Found by benchmarks/config_fuzz.py: the PCIe registers half read were zeros (MPS 128)."""
+    root = tree_copy("h200-vm", tmp_path, server=False)
+    path = config_path(root, "0000:00:06.0")
+    raw = bytearray(path.read_bytes())
+    at = pcie_offset(bytes(raw))
+    raw[at + 1] = 0  # the last capability in the list: nothing past it is looked for
+    path.write_bytes(bytes(raw[: at + DEVCTL]))  # DevCap can be read, DevCtl on cannot
+    (gpu,) = inspect(Host(root))["devices"]
+    assert gpu["mps"] is None and "the device cut the read short" in messages(gpu)
+
+
+def test_inspect_all_lists_a_function_whose_pcie_capability_became_unreadable(
+    tmp_path: Path,
+) -> None:
+    """Found by benchmarks/config_fuzz.py: --all listed PCIe functions only, so a port read
+    as the header alone was named nowhere."""
+    root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
+    path = config_path(root, "0000:81:00.0")  # a switch's upstream port
+    path.write_bytes(path.read_bytes()[:64])
+    devs = by_bdf(inspect(Host(root), all_functions=True))
+    assert "run as root to read config space" in messages(devs["0000:81:00.0"])
+    assert len(devs) == 24
