@@ -139,25 +139,45 @@ def _render_daemon_apply(resp: dict[str, Any]) -> None:
         out.print(f"  failed {f['target']}: {f['error']}", markup=False)
 
 
+def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
+    """What to apply: (the profile when this side loads it, the daemon's request, the file).
+
+    A path is loaded here, as the user running gputunectl (includes too), and its content sent
+    to a daemon; a bare name (``shared-host``) names a profile in the profile directory, which
+    the daemon reads itself. The daemon never opens a path a client names (issue 14, finding 7).
+    """
+    from gputuned.host.userfiles import is_profile_name, named_profile
+    from gputuned.profile import load_profile
+
+    if not arg.exists() and is_profile_name(str(arg)):
+        path = named_profile(host, str(arg))  # refuse an unknown name here, with the choices
+        return None, {"cmd": "apply", "name": str(arg)}, str(path)
+    profile = load_profile(arg)  # refuse a bad profile here, with its key paths
+    data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
+    source = str(arg.absolute())
+    return profile, {"cmd": "apply", "profile": data, "source": source}, source
+
+
 def cmd_apply(args: argparse.Namespace) -> int:
     from gputuned.apply import ApplyError, apply_profile
     from gputuned.profile import load_profile
 
     host = Host(args.root)
-    profile = load_profile(args.profile)  # refuse a bad profile here, with its key paths
-    resp = _daemon(host, {"cmd": "apply", "profile": str(args.profile.absolute())})
+    profile, message, path = _apply_source(host, args.profile)
+    resp = _daemon(host, message)
     if resp is not None:
         if args.json:
             _print_json(resp)
         else:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
+    profile = profile if profile is not None else load_profile(path)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(host)
     try:
         plan, report = apply_profile(
-            host, profile, keep_going=args.keep_going, source=str(args.profile.absolute())
+            host, profile, keep_going=args.keep_going, source=path, reload_path=path
         )
     except ApplyError as exc:
         if args.json:
@@ -284,7 +304,12 @@ def cmd_bootargs(args: argparse.Namespace) -> int:
 
 def _add_engine_commands(sub: Any) -> None:
     s = sub.add_parser("apply", help="make this host match PROFILE (one-shot without the daemon)")
-    s.add_argument("profile", type=Path, metavar="PROFILE")
+    s.add_argument(
+        "profile",
+        type=Path,
+        metavar="PROFILE",
+        help="a profile file, or the name of one in /etc/gputuned/profiles (shared-host)",
+    )
     _add_root(s)
     _add_json(s)
     s.add_argument(

@@ -79,7 +79,7 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
     from gputuned.host.control import daemon_running, request
 
     if daemon_running(host):
-        st = request(host, {"cmd": "status"})
+        st = request(host, {"cmd": "top"})
         registered = {int(k): str(v) for k, v in st.get("registered", {}).items()}
         out = [Target(p, "placed") for p in st.get("placed", []) if p not in registered]
         out += [Target(p, f"registered (rule {r})") for p, r in sorted(registered.items())]
