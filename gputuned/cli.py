@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
-
 from gputuned import __version__, errors
 from gputuned.host import Host
 from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
@@ -23,7 +21,9 @@ from gputuned.render import (
     render_revert,
     render_status,
     render_verify,
+    shown,
 )
+from gputuned.textsafe import PrintableFormatter
 
 if TYPE_CHECKING:
     from gputuned.profile import Profile
@@ -128,15 +128,15 @@ def _daemon(host: Host, message: dict[str, Any]) -> dict[str, Any] | None:
 def _render_daemon_apply(resp: dict[str, Any]) -> None:
     out = console()
     out.print(
-        f"Applied {resp['profile']} through the daemon: {len(resp['written'])} write(s), "
+        f"Applied {shown(resp['profile'])} through the daemon: {len(resp['written'])} write(s), "
         f"{len(resp['not_possible'])} not possible here, {len(resp['failed'])} failed"
     )
     for w in resp["written"]:
-        out.print(f"  set {w['target']}: {w['old']} → {w['new']}", markup=False)
+        out.print(f"  set {shown(w['target'])}: {shown(w['old'])} → {shown(w['new'])}")
     for np in resp["not_possible"].values():
-        out.print(f"  not possible here {np['target']}: {np['reason']}", markup=False)
+        out.print(f"  not possible here {shown(np['target'])}: {shown(np['reason'])}")
     for f in resp["failed"]:
-        out.print(f"  failed {f['target']}: {f['error']}", markup=False)
+        out.print(f"  failed {shown(f['target'])}: {shown(f['error'])}")
 
 
 def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
@@ -290,7 +290,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         )
     resp.pop("v", None)
     resp.pop("ok", None)
-    _print_json(resp) if args.json else console().print(json.dumps(resp), markup=False)
+    _print_json(resp) if args.json else console().print(shown(json.dumps(resp)))
     return 0
 
 
@@ -501,9 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+        level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler]
     )
     func: Handler = args.func
     try:
@@ -511,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.GputunedError as exc:
         # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
         console(stderr=True).print(
-            f"[bold red]gputunectl {args.command}:[/] {escape(str(exc))}", highlight=False
+            f"[bold red]gputunectl {args.command}:[/] {shown(exc)}", highlight=False
         )
         return exc.exit_code
     except KeyboardInterrupt:

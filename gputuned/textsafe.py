@@ -11,6 +11,8 @@ instead: ``\\x1b``, ``\\u202e``.
 
 from __future__ import annotations
 
+import logging
+
 
 def printable(text: str, *, newlines: bool = False) -> str:
     """``text`` with every non-printable character escaped (``newlines``: keep ``\\n``)."""
@@ -26,3 +28,10 @@ def _escape(ch: str) -> str:
     if n < 0x100:
         return f"\\x{n:02x}"
     return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines quote process names and command lines: shown like everything else here."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), newlines=True)
