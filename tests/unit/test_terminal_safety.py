@@ -18,7 +18,7 @@ import pytest
 from gputuned import cli
 from gputuned.host import Host
 from gputuned.textsafe import printable
-from gputuned.top import render, take_snapshot, Target, compute_rows
+from gputuned.top import Target, compute_rows, render, take_snapshot
 from tests.fakeproc import add_process
 from tests.unit.test_apply import PROFILES, tree_copy
 
