@@ -7,9 +7,11 @@ profile layer, which never touches the machine itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,12 +118,25 @@ def untrusted_reason(st: os.stat_result) -> str | None:
 
 def write_user_file_atomic(path: str | Path, data: bytes) -> None:
     """Replace ``path`` atomically (temporary file beside it, then rename), as node_exporter's
-    textfile collector requires: it must never read a half-written file."""
+    textfile collector requires: it must never read a half-written file.
+
+    The folder may be writable by others (node_exporter's textfile folder belongs to its own
+    user): the temporary file gets an unpredictable name and is created with O_EXCL and
+    O_NOFOLLOW, so a link planted there is never followed (issue 14, finding 8); the rename
+    replaces a link at ``path`` itself, never the file it points to. Mode 0644: the collector
+    reads it as its own user.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ProfileError(str(path), [("", f"cannot write: {exc.strerror or exc}")]) from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o644)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise ProfileError(str(path), [("", f"cannot write: {exc.strerror or exc}")]) from exc
