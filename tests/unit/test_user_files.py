@@ -50,3 +50,65 @@ def test_prometheus_file_replaces_a_link_at_the_target_not_what_it_points_to(
 def test_prometheus_file_in_a_missing_folder_says_so(tmp_path: Path) -> None:
     with pytest.raises(errors.GputunedError, match="cannot write"):
         write_user_file_atomic(tmp_path / "nope" / "x.prom", b"x 1\n")
+
+
+# -- finding 9: capture DIR -------------------------------------------------------------------
+
+
+def _capture(dest: Path) -> None:
+    from gputuned.host import Host
+    from gputuned.host.capture import capture
+    from tests.conftest import TREES_DIR
+
+    capture(Host(TREES_DIR / "ci-vm"), dest)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_capture_refuses_a_folder_another_user_owns(tmp_path: Path) -> None:
+    dest = tmp_path / "theirs"
+    dest.mkdir()
+    os.chown(dest, 65534, 65534)
+    with pytest.raises(errors.GputunedError, match="owned by uid 65534"):
+        _capture(dest)
+    assert list(dest.iterdir()) == []
+
+
+def test_capture_refuses_a_folder_others_may_write(tmp_path: Path) -> None:
+    dest = tmp_path / "open"
+    dest.mkdir()
+    dest.chmod(0o777)
+    with pytest.raises(errors.GputunedError, match="writable by others"):
+        _capture(dest)
+    assert list(dest.iterdir()) == []
+
+
+def test_capture_does_not_follow_a_link_at_the_folder(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    dest = tmp_path / "cap"
+    dest.symlink_to(elsewhere)
+    with pytest.raises(errors.GputunedError, match="is a symbolic link"):
+        _capture(dest)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_capture_writes_under_the_folder_it_opened(tmp_path: Path) -> None:
+    """Even when the folder is swapped for a link once the capture has it open, every file
+    lands in the folder opened (each component opened with O_NOFOLLOW below it)."""
+    from gputuned.host.capture import _Writer
+
+    dest = tmp_path / "cap"
+    dest.mkdir(mode=0o700)
+    w = _Writer.open(dest)
+    try:
+        dest.rename(tmp_path / "moved")
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        dest.symlink_to(elsewhere)
+        w.put("/sys/a/b", b"x")
+        w.link("/sys/bus/l", "../a")
+    finally:
+        w.close()
+    assert (tmp_path / "moved/sys/a/b").read_bytes() == b"x"
+    assert os.readlink(tmp_path / "moved/sys/bus/l") == "../a"
+    assert list(elsewhere.iterdir()) == []
