@@ -6,7 +6,8 @@ sets defined under `[cpusets]`, which are resolved on each host (a GPU's local C
 node, ...), so one profile fits hosts of different shapes.
 
 Includes: `include = ["base.toml"]` loads those files first (paths relative to the including
-file), then this file's keys override theirs. Tables are merged key by key, except that a set
+file, beside it or below its folder: not absolute, no `..`), then this file's keys override
+theirs. Tables are merged key by key, except that a set
 under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
 arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot
 remove a key; override it with `"keep"` where the key allows that. Include cycles are rejected.
@@ -29,7 +30,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import (
@@ -137,6 +138,14 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
     here = (*chain, path)
     merged: dict[str, Any] = {}
     for i, name in enumerate(includes):
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+            # Absolute or '..': the file would lie outside the folder whose trust was checked
+            # with the including one (issue 14, finding 12).
+            msg = (
+                f"{name[:80]!r}: name a file beside this profile or below its folder, without '..'"
+            )
+            raise ProfileError(str(path), [(f"include[{i}]", msg)])
         target = path.parent / name
         if _identity(target) in {_identity(p) for p in here}:
             cycle = " -> ".join(str(p) for p in (*here, target))

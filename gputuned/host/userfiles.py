@@ -53,10 +53,12 @@ def named_profile(host: Host, name: str) -> Path:
 def read_user_file(path: str | Path) -> bytes:
     """Return the bytes of ``path``; a failure becomes a :class:`ProfileError` naming it.
 
-    Only a regular file of at most :data:`MAX_USER_FILE` bytes is read. The daemon reads the
-    path a control client names, as root: a FIFO, a device or /dev/zero would block it or feed
-    it without end. Run as root, a file that another user could have written is refused too
-    (see :func:`untrusted_reason`): whoever can change a profile decides what gputuned writes.
+    Only a regular file of at most :data:`MAX_USER_FILE` bytes is read: a FIFO, a device or
+    /dev/zero would block the reader or feed it without end. Run as root, a file that another
+    user could have written is refused too (see :func:`untrusted_reason`), and so is one in a
+    folder another user could write or owns, anywhere up to / (:func:`untrusted_folder`): they
+    could put another file in its place. Whoever can change a profile decides what gputuned
+    writes (issue 14, finding 12).
     """
     if "\0" in str(path):  # said here: Python's own words for it differ between versions
         raise ProfileError(str(path), [("", "cannot read: the path holds a NUL byte; check it")])
@@ -71,6 +73,10 @@ def read_user_file(path: str | Path) -> bytes:
                 st = os.fstat(f.fileno())  # the file read, not a path re-checked
                 not_regular = _not_regular(st)
                 why = None if not_regular else untrusted_reason(st)
+                fix = f"chown root {path} && chmod go-w {path}"
+                if not_regular is None and why is None:
+                    why = untrusted_folder(path, st)
+                    fix = "keep profiles in folders only root may change, such as /etc/gputuned"
                 if not_regular is None and why is None:
                     data = f.read(MAX_USER_FILE + 1)
                     if len(data) <= MAX_USER_FILE:
@@ -83,9 +89,34 @@ def read_user_file(path: str | Path) -> bytes:
     if not_regular is not None:
         msg = f"refused: not a regular file ({not_regular}); name a profile file"
         raise ProfileError(str(path), [("", msg)])
-    fix = f"chown root {path} && chmod go-w {path}"
     msg = f"refused: {why}; gputuned runs as root and would apply what another user wrote: {fix}"
     raise ProfileError(str(path), [("", msg)])
+
+
+def untrusted_folder(path: str | Path, st: os.stat_result) -> str | None:
+    """Why root must not trust the folders above the file ``st`` (opened from ``path``): one
+    that is not root's, or that others may write (a sticky one, such as /tmp, only where what
+    it holds is root's: others cannot remove or rename that), lets them swap the file."""
+    if os.geteuid() != 0:
+        return None
+    real = os.path.realpath(path)
+    try:
+        now = os.stat(real)
+    except OSError:
+        return "it moved while it was read"
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        return "it was replaced while it was read"
+    owner, folder = st.st_uid, os.path.dirname(real)
+    while True:
+        dst = os.lstat(folder)
+        if dst.st_uid != 0:
+            return f"the folder {folder} is owned by uid {dst.st_uid}, not root"
+        others_write = dst.st_mode & 0o002 or (dst.st_mode & 0o020 and dst.st_gid != 0)
+        if others_write and not (dst.st_mode & stat.S_ISVTX and owner == 0):
+            return f"the folder {folder} is writable by others"
+        if folder == "/":
+            return None
+        owner, folder = dst.st_uid, os.path.dirname(folder)
 
 
 def _not_regular(st: os.stat_result) -> str | None:

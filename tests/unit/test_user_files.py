@@ -112,3 +112,79 @@ def test_capture_writes_under_the_folder_it_opened(tmp_path: Path) -> None:
     assert (tmp_path / "moved/sys/a/b").read_bytes() == b"x"
     assert os.readlink(tmp_path / "moved/sys/bus/l") == "../a"
     assert list(elsewhere.iterdir()) == []
+
+
+# -- finding 12: profiles and their includes --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../up.toml", "sub/../../up.toml", ""])
+def test_an_include_outside_the_profiles_folder_is_refused(tmp_path: Path, name: str) -> None:
+    from gputuned.profile import load_profile
+
+    (tmp_path / "up.toml").write_text('[cpusets.housekeeping]\ncpus = "0"\n')
+    here = tmp_path / "profiles"
+    here.mkdir()
+    top = here / "top.toml"
+    top.write_text(f'include = ["{name}"]\nname = "t"\n')
+    with pytest.raises(errors.ProfileError) as info:
+        load_profile(top)
+    ((key, msg),) = info.value.problems
+    assert key == "include[0]" and "without '..'" in msg, msg
+
+
+def test_an_include_below_the_profiles_folder_is_fine(tmp_path: Path) -> None:
+    from gputuned.profile import load_profile
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "cpus.toml").write_text('[cpusets.housekeeping]\ncpus = "0"\n')
+    top = tmp_path / "top.toml"
+    top.write_text('include = ["base/cpus.toml"]\nname = "t"\n')
+    assert load_profile(top).cpusets["housekeeping"].cpus == "0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a folder of another user needs root to make")
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda d: os.chown(d, 65534, 65534), "is owned by uid 65534, not root"),
+        (lambda d: d.chmod(0o777), "is writable by others"),
+        (lambda d: d.chmod(0o775) or os.chown(d, 0, 65534), "is writable by others"),
+    ],
+    ids=["other-owner", "world-writable", "group-writable"],
+)
+def test_a_root_file_in_a_folder_others_control_is_refused(
+    tmp_path: Path, make: object, why: str
+) -> None:
+    """Root's own 0644 file, but in a folder another user may write or owns: they can put
+    another file in its place. Only the file itself was checked."""
+    from gputuned.profile import load_profile
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    prof = folder / "p.toml"
+    prof.write_text('name = "t"\n')
+    assert load_profile(prof).name == "t"
+    make(folder)  # type: ignore[operator]
+    with pytest.raises(errors.ProfileError) as info:
+        load_profile(prof)
+    ((_key, msg),) = info.value.problems
+    assert f"the folder {folder} {why}" in msg and "/etc/gputuned" in msg, msg
+    (folder / "deeper").mkdir()
+    sub = folder / "deeper" / "q.toml"
+    sub.write_text('name = "q"\n')
+    os.chown(folder / "deeper", 0, 0)
+    (folder / "deeper").chmod(0o755)
+    with pytest.raises(errors.ProfileError, match=f"the folder {folder} "):
+        load_profile(sub)  # any folder up to /, not only the nearest
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
+def test_a_root_file_in_a_sticky_folder_is_fine(tmp_path: Path) -> None:
+    from gputuned.profile import load_profile
+
+    folder = tmp_path / "sticky"
+    folder.mkdir()
+    folder.chmod(0o1777)
+    prof = folder / "p.toml"
+    prof.write_text('name = "t"\n')
+    assert load_profile(prof).name == "t"
