@@ -34,12 +34,34 @@ log = logging.getLogger("gputunectl")
 Handler = Callable[[argparse.Namespace], int]
 
 
+def host_root(text: str) -> Path:
+    """``--root``: ``/`` or an existing host tree, given by an absolute path. A relative or
+    mistyped one was made on the first write instead of refused (issue 14, finding 17)."""
+    from gputuned.host.fs import TREE_META
+
+    path = Path(text)
+    if not path.is_absolute():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is relative; give the tree's absolute path, such as {Path(text).absolute()}"
+        )
+    if path == Path("/"):
+        return path
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder; check the path")
+    if not ((path / TREE_META).is_file() or (path / "sys").is_dir() or (path / "proc").is_dir()):
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
+            "gputunectl capture, or check the path"
+        )
+    return path
+
+
 def _add_root(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--root",
-        type=Path,
+        type=host_root,
         default=Path("/"),
-        help="read (and write) a captured host tree instead of this machine",
+        help="read (and write) a captured host tree instead of this machine (absolute path)",
     )
 
 

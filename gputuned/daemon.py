@@ -715,9 +715,13 @@ def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gputuned.cli import host_root
+
     p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
-    p.add_argument("--root", type=Path, default=Path("/"), help="run against a host tree")
+    p.add_argument(
+        "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
+    )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
@@ -731,6 +735,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("daemon: cannot start: %s", exc)
         d.notify.send(f"STATUS=failed: {exc}", f"ERRNO={getattr(exc, 'errno', 0) or 0}")
         return exc.exit_code
+    except Exception as exc:  # a bug: start() logged its traceback and put the host back
+        d.notify.send(f"STATUS=failed: internal error ({type(exc).__name__}); see the log")
+        return 1
     return d.run()
 
 

@@ -188,3 +188,30 @@ def test_a_root_file_in_a_sticky_folder_is_fine(tmp_path: Path) -> None:
     prof = folder / "p.toml"
     prof.write_text('name = "t"\n')
     assert load_profile(prof).name == "t"
+
+
+# -- finding 17: --root ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["relative", "missing", "not-a-tree", "a-file"])
+def test_a_root_that_is_not_a_tree_is_refused_and_not_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    from gputuned import cli
+    from tests.unit.test_apply import PROFILES
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("")
+    root = {
+        "relative": "trees/h200",
+        "missing": str(tmp_path / "h200-captred"),
+        "not-a-tree": str(tmp_path / "empty"),
+        "a-file": str(tmp_path / "file"),
+    }[kind]
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["apply", str(PROFILES / "shared-host.toml"), "--root", root])
+    assert exc.value.code == 2
+    assert "--root" in capsys.readouterr().err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before, "nothing made"
