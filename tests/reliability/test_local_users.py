@@ -338,3 +338,23 @@ def test_15_a_users_process_name_is_shown_escaped(user: LocalUser, tmp_path: Pat
         proc.wait()
         shutil.rmtree(work, ignore_errors=True)
         time.sleep(0)
+
+
+# -- the control-socket fuzzer, small (the 100,000-request figures: docs/reliability.md) -------
+
+
+def test_control_fuzz_small(tmp_path: Path) -> None:
+    out = tmp_path / "fuzz.json"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/control_fuzz.py"), "--requests", "3000",
+         "--workers", "3", "--seed", "5", "--json", str(out)],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in run.stderr, run.stderr
+    doc = json.loads(out.read_text())
+    d = doc["daemon"]
+    assert d["daemon_alive"] and d["applied_unchanged"] and d["daemon_exit"] == 0
+    assert d["reverted_to_before"] and d["tracebacks_in_log"] == 0
+    assert doc["requests"]["sent"] >= 3000 and doc["requests"]["answered"] > 2000
+    assert doc["requests"]["kinds"]["changing"] > 0 and doc["root_status_ms"]["failures"] == []
+    assert run.returncode == 1 and "NOT met" in run.stdout  # 3,000 is short of the goal's count
