@@ -168,11 +168,21 @@ def daemon(
             time.sleep(0.02)
         request(Host(root), {"cmd": "status"}, timeout=30)
         yield d
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(timeout=30) == 0
+        stop_daemon(d)
     finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
+        reap_daemon(d)
         if out is not None:
             out.close()
+
+
+def stop_daemon(d: subprocess.Popen[str]) -> None:
+    """SIGTERM: the daemon reverts and must exit 0."""
+    d.send_signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 0
+
+
+def reap_daemon(d: subprocess.Popen[str]) -> None:
+    """Kill a daemon a failed test left running."""
+    if d.poll() is None:
+        d.kill()
+        d.wait()
