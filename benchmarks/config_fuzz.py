@@ -83,13 +83,17 @@ allow_mps_change = true
 def expected_unreadable(raw: bytes) -> set[str]:
     """The field names a report must give for these bytes (PCI r3.0 6.1, PCIe r6.0 7.5.3).
 
-    ``raw`` is what the config file holds, maybe cut short: a capability header or PCIe
-    register that lies past its end (within the 256-byte standard space) makes the space
-    unreadable past the header; one past 256 bytes is a capability that runs off the end.
+    ``raw`` is what the config file holds, maybe cut short. Unreadable is what gputuned
+    decodes and cannot have: the header's first 16 bytes and the capability pointer, each
+    capability header on the list, the PCIe capability's DevCap..LnkSta. One of them past the
+    end of the file (within the 256-byte standard space) makes the space unreadable past what
+    was read; a PCIe capability whose registers run past 256 bytes is named itself. Bytes the
+    parser never reads (the rest of the header of a function without capabilities) make
+    nothing unreadable.
     """
     if len(raw) >= 2 and raw[:2] == b"\xff\xff":
         return {"not responding"}
-    if len(raw) < 64:
+    if len(raw) < 0x38:  # the first 16 bytes or the capability pointer are missing
         return {"config space"}
     status = raw[6] | raw[7] << 8
     if not status & 0x10:

@@ -244,9 +244,9 @@ def _state(raw: bytes, size: int) -> tuple[str, tuple[tuple[str, str], ...]]:
         return SHORT, (("config space", why),)
     if size < STANDARD and _u16(raw, 0x06) & 0x10:
         why = (
-            f"only the first {size} bytes could be read, not the capabilities past them: run as "
-            "root to read config space (the kernel gives other users the 64-byte header only), "
-            "or the device cut the read short"
+            "the capabilities past the header could not be read: run as root to read config "
+            "space (the kernel gives other users the 64-byte header only), or the device cut "
+            "the read short"
         )
         return HEADER_ONLY, (("config space", why),)
     return OK, ()

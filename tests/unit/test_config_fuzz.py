@@ -41,6 +41,9 @@ def test_oracle() -> None:
     assert fz.expected_unreadable(b"\xff" * 256) == {"not responding"}
     assert fz.expected_unreadable(bytes(raw[:12])) == {"config space"}
     assert fz.expected_unreadable(bytes(raw[:64])) == {"config space"}
+    no_caps = bytearray(raw[:63])
+    no_caps[6] &= ~0x10  # no capability list: the missing byte 63 is one no one reads
+    assert fz.expected_unreadable(bytes(no_caps)) == set()
     cap = fz.pcie_cap(bytes(raw))
     struct.pack_into("<H", raw, cap + 8, 0xFFFF)
     assert fz.expected_unreadable(bytes(raw)) == {
