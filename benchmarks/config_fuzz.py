@@ -50,8 +50,11 @@ sys.path.insert(0, str(REPO))
 from gputuned import cli  # noqa: E402
 
 TREES = REPO / "tests" / "data" / "hosts"
-#: Tree and weight: the 24-function dual-socket tree costs five times the others per round.
-WEIGHTS = {"h200-vm": 3, "h200-captured": 3, "degraded-link": 3, "ci-vm": 1, "dual-socket-8gpu": 2}
+#: Tree and weight: the 24-function dual-socket tree costs five times the small ones per round.
+WEIGHTS = {
+    "h200-vm": 3, "h200-captured": 3, "degraded-link": 3, "ci-vm": 1, "two-gpu-one-node": 2,
+    "four-gpu-one-socket": 1, "dual-socket-8gpu": 2,
+}  # fmt: skip
 SIZES = {"128", "256", "512", "1024", "2048", "4096"}
 PROFILE = """name = "fuzz"
 [cpusets.housekeeping]
