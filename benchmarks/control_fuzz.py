@@ -121,7 +121,7 @@ def read_answers(s, want):
             if resp.get("ok"):
                 st["ok"] += 1
             else:
-                e = str(resp.get("error", ""))[:40]
+                e = str(resp.get("error", "")).split("'")[0].split("(")[0][:48]
                 st["errors"][e] = st["errors"].get(e, 0) + 1
                 if e.startswith("too many clients"):
                     st["refused_at_accept"] += 1

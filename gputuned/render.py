@@ -289,6 +289,8 @@ def render_status(data: dict[str, Any]) -> None:
         )
         if data.get("placed"):
             out.print(f"Placed processes: {', '.join(map(str, data['placed']))}")
+        for note in data.get("notes") or []:
+            out.print(f"  [yellow]note[/] {shown(note)}")
     else:
         out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():

@@ -43,7 +43,10 @@ def with_daemon_table(prof: Path, table: str) -> Path:
 
 
 def test_metrics_port_in_a_sandbox_without_ip_does_not_end_the_daemon(
-    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    events: Events,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Finding 2: RestrictAddressFamilies=AF_UNIX AF_NETLINK makes socket(AF_INET) fail;
     the OSError was raised outside the try, after the apply, and ended the daemon."""
@@ -64,6 +67,10 @@ def test_metrics_port_in_a_sandbox_without_ip_does_not_end_the_daemon(
     assert d.metrics is None and d.control is not None
     status = d._handle({"cmd": "status"}, ROOT_PEER)
     assert any("metrics off" in n and "EAFNOSUPPORT" in n for n in status["notes"]), status
+    from gputuned.render import render_status
+
+    render_status(status)  # says so on the terminal too
+    assert "metrics off" in capsys.readouterr().out
     assert d.stop() == 0
     assert digest(root) == before
 
