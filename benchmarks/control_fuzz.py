@@ -127,7 +127,7 @@ def read_answers(s, want):
                     st["refused_at_accept"] += 1
     return got
 
-extra = []
+extra, failures = [], 0
 while st["sent"] < total:
     mode = rng.choices(["batch", "slow", "leave", "idle", "hold"], [90, 2, 4, 2, 2])[0]
     try:
@@ -164,8 +164,14 @@ while st["sent"] < total:
         if got < len(lines):
             st["hung_up"] += 1
         s.close()
-    except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, TimeoutError) as exc:
+        failures = 0
+    except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, TimeoutError,
+            FileNotFoundError) as exc:
         st["errors"][type(exc).__name__] = st["errors"].get(type(exc).__name__, 0) + 1
+        failures += 1
+        if failures >= 200:  # the daemon is gone: nothing more to send to
+            st["gave_up"] = True
+            break
 for s in extra:
     s.close()
 print(json.dumps(st))
