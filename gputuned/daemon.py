@@ -9,7 +9,8 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
 - udev events for PCI devices: the profile is re-planned (a GPU reset or re-bind can bring back
   the kernel's saved DevCtl, or new IRQ numbers);
 - every ``[daemon] drift_interval_s``: everything applied is re-read and drift repaired;
-- the control socket (gputunectl apply, revert, status, verify, register, unregister);
+- the control socket (gputunectl status, verify, top; apply, revert, register, unregister: root
+  or [daemon] admin_group only; see gputuned/host/controlproto.py);
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
