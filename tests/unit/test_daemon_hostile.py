@@ -236,10 +236,10 @@ def test_apply_by_path_is_refused_without_reading_the_file(tmp_path: Path, event
 @pytest.mark.parametrize(
     ("req", "message"),
     [
-        ({"cmd": "register", "pid": "1"}, '"pid" must be a process ID'),
-        ({"cmd": "register", "pid": 10**30}, '"pid" must be a process ID'),
-        ({"cmd": "register", "pid": True}, '"pid" must be a process ID'),
-        ({"cmd": "register", "pid": 5, "rule": ["x"]}, '"rule" must be the name'),
+        ({"cmd": "register", "pid": "1"}, "pid must be a positive integer"),
+        ({"cmd": "register", "pid": 10**30, "start": 1}, "there is no process"),
+        ({"cmd": "register", "pid": True}, "pid must be a positive integer"),
+        ({"cmd": "unregister", "pid": -1}, "pid must be a positive integer"),
         ({"cmd": "verify", "strict": "yes"}, '"strict" must be true or false'),
         ({"cmd": "apply"}, 'apply needs "profile"'),
         ({"cmd": "apply", "name": "../../etc/shadow"}, "not a profile name"),
