@@ -165,13 +165,17 @@ while st["sent"] < total:
             st["hung_up"] += 1
         s.close()
         failures = 0
-    except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError, TimeoutError,
-            FileNotFoundError) as exc:
+    except (BrokenPipeError, ConnectionResetError, TimeoutError) as exc:
+        # Hung up on: a refusal (too many connections of this user) or a line over the limit.
+        st["errors"][type(exc).__name__] = st["errors"].get(type(exc).__name__, 0) + 1
+        time.sleep(0.005)
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
         st["errors"][type(exc).__name__] = st["errors"].get(type(exc).__name__, 0) + 1
         failures += 1
-        if failures >= 200:  # the daemon is gone: nothing more to send to
+        if failures >= 200:  # nothing listens any more: the daemon is gone
             st["gave_up"] = True
             break
+        time.sleep(0.005)
 for s in extra:
     s.close()
 print(json.dumps(st))
