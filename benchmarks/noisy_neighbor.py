@@ -318,10 +318,10 @@ def _gpu_tokens() -> tuple[Iterator[float], dict[str, Any]]:
 
 
 def _self_counters() -> Any:
-    from gputuned.host import Host
     from gputuned.host.sampling import sample_process
+    from gputuned.kernel.live import LiveKernel
 
-    return sample_process(Host(Path("/")), os.getpid())
+    return sample_process(LiveKernel(), os.getpid())
 
 
 def _counter_deltas(a: Any, b: Any) -> dict[str, int]:
@@ -445,10 +445,10 @@ class Gputuned:
     """Start ``gputuned --profile`` as a child, register PIDs, stop it (SIGTERM: it reverts)."""
 
     def __init__(self, children: Children, log: IO[bytes]) -> None:
-        from gputuned.host import Host
         from gputuned.host.state import ACTIVE, STATE, read_optional_bytes
+        from gputuned.kernel.live import LiveKernel
 
-        self.children, self.log, self.host = children, log, Host(Path("/"))
+        self.children, self.log, self.host = children, log, LiveKernel()
         self.proc: subprocess.Popen[bytes] | None = None
         check_untuned(self.host)
         # The daemon records its profile as the active one; put back what was there.
@@ -518,11 +518,11 @@ def fingerprint(pid: int | list[int]) -> dict[str, Any]:
     processes (``pid``: one, or every process of a server-shaped worker; the first is the one
     whose cgroup is shown)."""
     from gputuned import errors
-    from gputuned.host import Host
     from gputuned.host.proc import read_process
     from gputuned.host.system import read_cgroup_layout, read_default_affinity, read_interrupts
+    from gputuned.kernel.live import LiveKernel
 
-    host = Host(Path("/"))
+    host = LiveKernel()
     mount = read_cgroup_layout(host).v2_mount
     pids = [pid] if isinstance(pid, int) else pid
     procs = []
@@ -964,10 +964,10 @@ def fresh_diff(ref: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def start_time(pid: int) -> int:
     """proc(5) stat field 22: with the PID, a process's identity (register sends both)."""
-    from gputuned.host import Host
     from gputuned.host.proc import read_identity
+    from gputuned.kernel.live import LiveKernel
 
-    return read_identity(Host(Path("/")), pid)[0]
+    return read_identity(LiveKernel(), pid)[0]
 
 
 def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> float | None:
@@ -975,15 +975,13 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
     if wanted is None:
         return None
     from gputuned import errors
-    from gputuned.host import Host
     from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         try:
-            if all(
-                t.nice == wanted for p in pids for t in read_process(Host(Path("/")), p).threads
-            ):
+            if all(t.nice == wanted for p in pids for t in read_process(LiveKernel(), p).threads):
                 return round(time.monotonic() - t0, 3)
         except errors.TargetGone:
             pass
@@ -994,11 +992,11 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
 
 def host_capture() -> Path:
     """``gputunectl capture --stable`` of this host into a new temporary directory."""
-    from gputuned.host import Host
     from gputuned.host.capture import capture
+    from gputuned.kernel.live import LiveKernel
 
     dest = Path(tempfile.mkdtemp(prefix="nn-capture-"))
-    capture(Host(Path("/")), dest, stable=True)
+    capture(LiveKernel(), dest, stable=True)
     return dest
 
 
@@ -1038,11 +1036,11 @@ def steal_ticks() -> dict[int, int]:
 def _allowed_cpus(pid: int) -> list[int]:
     """The CPUs the worker's main thread may run on ([] once it is gone)."""
     from gputuned import errors
-    from gputuned.host import Host
     from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
 
     try:
-        threads = read_process(Host(Path("/")), pid).threads
+        threads = read_process(LiveKernel(), pid).threads
     except errors.GputunedError:
         return []
     return sorted(next((t.affinity for t in threads if t.tid == pid), frozenset()))

@@ -49,9 +49,10 @@ from noisy_neighbor import (
 )
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host.proc import ProcInfo, read_process, user_id
+from gputuned.host.proc import ProcInfo, read_process
 from gputuned.host.sampling import clock_ticks, sample_process
+from gputuned.kernel import Kernel
+from gputuned.kernel.live import LiveKernel
 from gputuned.profile import Profile, load_profile
 
 PROBE_NAME = "gputuned-reaction-probe.py"
@@ -92,9 +93,7 @@ def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     me = os.geteuid()
     fake = ProcInfo(0, 0, Path(argv[0]).name[:15], argv[0], " ".join(argv), "", (), uid=me, euid=me)
     uids = {
-        r.match.user: user_id(Host(Path("/")), r.match.user)
-        for r in profile.process
-        if r.match.user
+        r.match.user: LiveKernel().user_id(r.match.user) for r in profile.process if r.match.user
     }
     rule = next(
         (
@@ -106,7 +105,7 @@ def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     )
     if rule is None:
         sys.exit(f"no [[process]] rule of {profile.name} matches the probe {' '.join(argv)}")
-    ctx = read_context(Host(Path("/")), profile)
+    ctx = read_context(LiveKernel(), profile)
     cs = profile.cpuset
     moves = rule.move_to_partition and cs is not None and cs.mode in ("root", "isolated")
     return rule.name, Wanted(
@@ -128,7 +127,7 @@ def apply_revert(profile: Path, rounds: int, out: Path) -> dict[str, Any]:
 
 
 def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
-    host = Host(Path("/"))
+    host = LiveKernel()
     forks0 = _forks(host)
     a, t0 = sample_process(host, pid), time.monotonic()
     time.sleep(seconds)
@@ -148,7 +147,7 @@ def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def _forks(host: Host) -> int:
+def _forks(host: Kernel) -> int:
     """Processes and threads created since boot (the ``processes`` line of /proc/stat)."""
     for line in host.read_text("/proc/stat").splitlines():
         if line.startswith("processes "):
@@ -157,7 +156,7 @@ def _forks(host: Host) -> int:
 
 
 def one_start(children: Children, argv: list[str], want: Wanted) -> dict[str, Any]:
-    host = Host(Path("/"))
+    host = LiveKernel()
     t0 = time.monotonic()
     proc = children.start(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     t_exec = time.monotonic()

@@ -17,9 +17,11 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist, parse_mask
-from gputuned.host import Host, irqbalance, mounts, state
+from gputuned.host import irqbalance, mounts, state
 from gputuned.host.proc import read_thread
 from gputuned.host.system import cgroup_cpus
+from gputuned.kernel import Kernel
+from gputuned.kernel.procfs import cgroup_path, parse_stat
 from gputuned.tuners.process import DEFAULT_AFFINITY
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
@@ -107,58 +109,54 @@ class Reused(errors.GputunedError):
     """The PID now belongs to another process: never touch it."""
 
 
-def check_identity(host: Host, op: Op) -> None:
+def check_identity(kernel: Kernel, op: Op) -> None:
     """(pid, start time) must still match; a PID can be reused (proc(5) field 22, starttime)."""
     pid, start = op.data["pid"], op.data["start"]
-    text = host.read_text(f"/proc/{pid}/stat")
-    now = int(text.rpartition(")")[2].split()[22 - 3])
+    now = parse_stat(kernel.read_text(f"/proc/{pid}/stat")).start_time
     if now != start:
         raise Reused(f"PID {pid} was reused by another process (start time {now}, not {start})")
 
 
-def _thread(host: Host, op: Op) -> tuple[int, int]:
+def _thread(kernel: Kernel, op: Op) -> tuple[int, int]:
     return int(op.data["pid"]), int(op.data["tid"])
 
 
 # -- reading ------------------------------------------------------------------------------------
 
 
-def read_old(host: Host, op: Op) -> str:
+def read_old(kernel: Kernel, op: Op) -> str:
     """The current value, in the form that ``write`` takes to put it back exactly."""
     k = op.kind
     if k == "sysfs":
-        raw = host.read_text(op.path)
+        raw = kernel.read_text(op.path)
         return writable_form(op.compare, raw)
     if k == "pcie":
-        return str(_read_field(host, op))
+        return str(_read_field(kernel, op))
     if k == "cgroup":
-        return "present" if host.is_dir(op.path) else ABSENT
+        return "present" if kernel.is_dir(op.path) else ABSENT
     if k == "controller":
-        have = (host.read_optional(op.path) or "").split()
+        have = (kernel.read_optional(op.path) or "").split()
         return "present" if op.data["controller"] in have else ABSENT
     if k == "file":
-        return host.read_text(op.path) if host.exists(op.path) else ABSENT
+        return kernel.read_text(op.path) if kernel.exists(op.path) else ABSENT
     if k == "mount":
-        return mounts.find(host, op.path, op.data["fstype"]).super_options
+        return mounts.find(kernel, op.path, op.data["fstype"]).super_options
     if k in ("nice", "affinity", "policy"):
-        check_identity(host, op)
-        pid, tid = _thread(host, op)
-        t = read_thread(host, f"/proc/{pid}/task/{tid}", tid)
+        check_identity(kernel, op)
+        pid, tid = _thread(kernel, op)
+        t = read_thread(kernel, f"/proc/{pid}/task/{tid}", tid)
         if k == "nice":
             return str(t.nice)
         if k == "policy":
             return f"{t.policy}:{t.rt_priority}" if t.policy in ("fifo", "rr") else t.policy
         return _fmt(t.affinity)
     if k == "irqbalance":
-        check_identity(host, op)
-        cpus, irqs = irqbalance.read_settings(host, int(op.data["pid"]))
+        check_identity(kernel, op)
+        cpus, irqs = irqbalance.read_settings(kernel, int(op.data["pid"]))
         return _fmt(cpus) if op.data["attr"] == "cpus" else " ".join(map(str, irqs))
     if k == "proc_cgroup":
-        check_identity(host, op)
-        for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
-            if line.startswith("0::"):
-                return line[3:]
-        return "/"
+        check_identity(kernel, op)
+        return cgroup_path(kernel.read_text(f"/proc/{op.data['pid']}/cgroup")) or "/"
     raise ValueError(f"unknown op kind {k!r}")
 
 
@@ -179,84 +177,84 @@ def _fmt(cpus: frozenset[int]) -> str:
     return format_cpulist(cpus)
 
 
-def _read_field(host: Host, op: Op) -> int:
-    reg = int(struct.unpack("<H", host.read_bytes(op.path, op.data["offset"], 2))[0])
+def _read_field(kernel: Kernel, op: Op) -> int:
+    reg = int(struct.unpack("<H", kernel.read_bytes(op.path, op.data["offset"], 2))[0])
     return int((reg & op.data["mask"]) >> op.data["shift"])
 
 
 # -- writing ------------------------------------------------------------------------------------
 
 
-def write(host: Host, op: Op, value: str) -> None:
+def write(kernel: Kernel, op: Op, value: str) -> None:
     """Put ``value`` in place. Process ops check identity first."""
     k = op.kind
     if k == "sysfs":
-        host.write_text(op.path, value if value else "\n")
+        kernel.write_text(op.path, value if value else "\n")
     elif k == "pcie":
         off, mask, shift = op.data["offset"], op.data["mask"], op.data["shift"]
-        reg = int(struct.unpack("<H", host.read_bytes(op.path, off, 2))[0])
+        reg = int(struct.unpack("<H", kernel.read_bytes(op.path, off, 2))[0])
         new = (reg & ~mask) | ((int(value) << shift) & mask)
         if new != reg:
-            host.write_bytes(op.path, struct.pack("<H", new), offset=off)
+            kernel.write_bytes(op.path, struct.pack("<H", new), offset=off)
     elif k == "cgroup":
         if value == ABSENT:
-            if host.is_dir(op.path):
-                host.rmdir(op.path)
-        elif not host.is_dir(op.path):
-            host.mkdir(op.path)
+            if kernel.is_dir(op.path):
+                kernel.rmdir(op.path)
+        elif not kernel.is_dir(op.path):
+            kernel.mkdir(op.path)
     elif k == "controller":
         sign = "-" if value == ABSENT else "+"
-        host.write_text(op.path, f"{sign}{op.data['controller']}")
+        kernel.write_text(op.path, f"{sign}{op.data['controller']}")
     elif k == "file":
         if value == ABSENT:
-            state.remove(host, op.path)
+            state.remove(kernel, op.path)
         else:
-            state.replace_durable(host, op.path, value.encode(), mode=0o644)
+            state.replace_durable(kernel, op.path, value.encode(), mode=0o644)
     elif k == "mount":
-        host.remount(op.path, op.data["fstype"], value)
+        kernel.remount(op.path, op.data["fstype"], value)
     elif k in ("nice", "affinity", "policy"):
-        check_identity(host, op)
-        _, tid = _thread(host, op)
+        check_identity(kernel, op)
+        _, tid = _thread(kernel, op)
         if k == "nice":
-            host.set_nice(tid, int(value))
+            kernel.set_nice(tid, int(value))
         elif k == "affinity":
             # DEFAULT_AFFINITY: allow every CPU; the kernel narrows it to what the cgroup allows
             # and widens it again when the cgroup gets CPUs back (the user mask is kept).
-            cpus = _online(host) if value == DEFAULT_AFFINITY else parse_cpulist(value)
-            host.set_affinity(tid, cpus)
+            cpus = _online(kernel) if value == DEFAULT_AFFINITY else parse_cpulist(value)
+            kernel.set_affinity(tid, cpus)
         else:
             pol, _, prio = value.partition(":")
-            host.set_scheduler(tid, pol, int(prio or 0))
+            kernel.set_scheduler(tid, pol, int(prio or 0))
     elif k == "irqbalance":
-        check_identity(host, op)
+        check_identity(kernel, op)
         pid = int(op.data["pid"])
         if op.data["attr"] == "cpus":
-            irqbalance.ban_cpus(host, pid, parse_cpulist(value))
+            irqbalance.ban_cpus(kernel, pid, parse_cpulist(value))
         else:
-            irqbalance.ban_irqs(host, pid, tuple(int(n) for n in value.split()))
+            irqbalance.ban_irqs(kernel, pid, tuple(int(n) for n in value.split()))
     elif k == "proc_cgroup":
-        check_identity(host, op)
-        host.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
+        check_identity(kernel, op)
+        kernel.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
     else:
         raise ValueError(f"unknown op kind {k!r}")
 
 
-def start_write(host: Host, op: Op, value: str) -> Callable[[], None]:
+def start_write(kernel: Kernel, op: Op, value: str) -> Callable[[], None]:
     """:func:`write`, started: returns the function that finishes it (raising its error).
 
-    A remount runs in a thread (see :meth:`Host.start_remount`); every other kind is written
+    A remount runs in a thread (see :meth:`Kernel.start_remount`); every other kind is written
     at once and the function returned does nothing.
     """
     if op.kind == "mount":
-        return host.start_remount(op.path, op.data["fstype"], value)
-    write(host, op, value)
+        return kernel.start_remount(op.path, op.data["fstype"], value)
+    write(kernel, op, value)
     return lambda: None
 
 
-def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tuple[bool, str]:
+def holds(kernel: Kernel, op: Op, value: str, *, just_written: bool = False) -> tuple[bool, str]:
     """Read back: does the host hold ``value``? Returns (yes, what was read)."""
     if op.kind == "sysfs":
-        raw = host.read_text(op.path).strip()
+        raw = kernel.read_text(op.path).strip()
         if op.compare == "partition" and "invalid" in raw:
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
@@ -265,33 +263,32 @@ def holds(host: Host, op: Op, value: str, *, just_written: bool = False) -> tupl
         # of the thread's own mask with its cpuset (sched_getaffinity()), so a thread that
         # allows every CPU reads back exactly what the cgroup allows; a tree keeps the mask
         # as written, a superset.
-        now = read_old(host, op)
-        return parse_cpulist(now) >= _cgroup_allows(host, op), now
+        now = read_old(kernel, op)
+        return parse_cpulist(now) >= _cgroup_allows(kernel, op), now
     if op.kind == "mount":
-        now = read_old(host, op)
+        now = read_old(kernel, op)
         return same(op.compare, now, value), now
     if op.kind == "irqbalance" and just_written:
         # irqbalance takes new settings at its next rescan (its sleep interval, 10 s by
         # default), so an immediate "setup" still shows the old ones; verify checks later.
         return True, value
-    now = read_old(host, op)
+    now = read_old(kernel, op)
     return now == value, now
 
 
-def _online(host: Host) -> frozenset[int]:
-    return parse_cpulist(host.read_value("/sys/devices/system/cpu/online"))
+def _online(kernel: Kernel) -> frozenset[int]:
+    return parse_cpulist(kernel.read_value("/sys/devices/system/cpu/online"))
 
 
-def _cgroup_allows(host: Host, op: Op) -> frozenset[int]:
+def _cgroup_allows(kernel: Kernel, op: Op) -> frozenset[int]:
     """CPUs the thread's current cgroup allows (cgroup v2 cpuset), else all online CPUs."""
     mount = op.data.get("cgmount")
     if mount:
-        for line in host.read_text(f"/proc/{op.data['pid']}/cgroup").splitlines():
-            if line.startswith("0::"):
-                cpus = cgroup_cpus(host, str(mount), line[3:])
-                if cpus is not None:
-                    return cpus
-    return _online(host)
+        cgroup = cgroup_path(kernel.read_text(f"/proc/{op.data['pid']}/cgroup"))
+        cpus = cgroup_cpus(kernel, str(mount), cgroup) if cgroup is not None else None
+        if cpus is not None:
+            return cpus
+    return _online(kernel)
 
 
 def same(compare: str, have: str, want: str) -> bool:

@@ -20,7 +20,6 @@ from gputuned import errors
 from gputuned.actions import Op, Reused, expand, holds, read_old, start_write, write
 from gputuned.changes import Change
 from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import Host
 from gputuned.host.state import (
     ACTIVE,
     STATE,
@@ -30,6 +29,7 @@ from gputuned.host.state import (
     replace_durable,
 )
 from gputuned.journal import Journal
+from gputuned.kernel import Kernel
 from gputuned.profile import Profile
 from gputuned.revert import (
     PROCESS_KINDS,
@@ -123,7 +123,7 @@ def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
 
 
 def _prepare(
-    host: Host, journal: Journal, op: Op, *, defer: bool = False
+    kernel: Kernel, journal: Journal, op: Op, *, defer: bool = False
 ) -> tuple[str, bool] | None:
     """Journal ``op``'s old value. Returns (old value, journal entry is new), None if no-op.
 
@@ -131,7 +131,7 @@ def _prepare(
     fork: tuners/proctree.py origins()) journals that origin, not the value it shows.
     """
     origin = op.data.get("origin") if op.kind in PROCESS_KINDS else None
-    if _holds(host, op):
+    if _holds(kernel, op):
         # Already right: an IRQ inside the allowed set, or a process or thread that inherited
         # the value from a placed parent or thread. The latter still needs its original on
         # record, or revert would leave it tuned: the original of whoever passed the value on.
@@ -143,23 +143,23 @@ def _prepare(
         return None
     if origin is not None:
         return str(origin), journal.save(op, str(origin), defer=defer)
-    old = read_old(host, op)
+    old = read_old(kernel, op)
     if op.kind == "affinity" and op.data.get("planned_old") == DEFAULT_AFFINITY:
         old = DEFAULT_AFFINITY  # the thread never chose its CPUs: restore "all the cgroup allows"
     return old, journal.save(op, old, defer=defer)
 
 
-def _holds(host: Host, op: Op) -> bool:
+def _holds(kernel: Kernel, op: Op) -> bool:
     """Does the host hold ``op``'s value already? "All the cgroup allows" never counts as held:
     a thread pinned to exactly its cgroup's CPUs reads the same, but keeps that pin as its own
     mask when it moves to another cgroup; only writing it lets go of the pin."""
     if op.kind == "affinity" and op.value == DEFAULT_AFFINITY:
         return False
-    return holds(host, op, op.value)[0]
+    return holds(kernel, op, op.value)[0]
 
 
 def _commit(
-    host: Host,
+    kernel: Kernel,
     journal: Journal,
     op: Op,
     old: str,
@@ -170,32 +170,32 @@ def _commit(
     ``started``: the write was started already (:func:`start_write`); finish it instead."""
     try:
         if started is None:
-            write(host, op, op.value)
+            write(kernel, op, op.value)
         else:
             started()
-        ok, seen = holds(host, op, op.value, just_written=True)
+        ok, seen = holds(kernel, op, op.value, just_written=True)
         if not ok:
             raise ReadBackMismatch(
                 f"{op.target}: wrote {op.value!r}, reads back {seen!r}", path=op.path
             )
     except BaseException:
         if new_entry:
-            _restore_quietly(host, op, old)
+            _restore_quietly(kernel, op, old)
             journal.drop(op.key)
         raise
 
 
-def _one(host: Host, journal: Journal, op: Op) -> tuple[str, bool] | None:
+def _one(kernel: Kernel, journal: Journal, op: Op) -> tuple[str, bool] | None:
     """Journal and write one op. Returns (old value, journal entry is new), None if no-op."""
-    done = _prepare(host, journal, op)
+    done = _prepare(kernel, journal, op)
     if done is not None:
-        _commit(host, journal, op, *done)
+        _commit(kernel, journal, op, *done)
     return done
 
 
-def _restore_quietly(host: Host, op: Op, old: str) -> None:
+def _restore_quietly(kernel: Kernel, op: Op, old: str) -> None:
     try:
-        write(host, op, old)
+        write(kernel, op, old)
     except errors.GputunedError as exc:
         log.debug("%s: %s: restore after a failed write failed too: %s", op.tuner, op.target, exc)
 
@@ -205,7 +205,7 @@ def managed_op_keys(settings: list[Change]) -> set[str]:
 
 
 def apply_profile(
-    host: Host,
+    kernel: Kernel,
     profile: Profile,
     *,
     keep_going: bool = False,
@@ -226,25 +226,25 @@ def apply_profile(
     ``journal``: the caller's open journal (the daemon keeps one for its whole life).
     """
     t0 = time.monotonic()
-    with HostLock(host) if lock else contextlib.nullcontext():
-        check_state_files(host)  # before any write: a state file others could write is refused
-        journal = journal if journal is not None else Journal(host)
-        plan = plan_profile(host, profile, registered=registered, journal=journal)
+    with HostLock(kernel) if lock else contextlib.nullcontext():
+        check_state_files(kernel)  # before any write: a state file others could write is refused
+        journal = journal if journal is not None else Journal(kernel)
+        plan = plan_profile(kernel, profile, registered=registered, journal=journal)
         report = ApplyReport()
         try:
-            apply_settings(host, journal, plan.settings, report, keep_going=keep_going)
+            apply_settings(kernel, journal, plan.settings, report, keep_going=keep_going)
         except ApplyError as exc:
             report.seconds = time.monotonic() - t0
             raise ApplyError(f"apply {profile.name}: {exc}", report) from exc.__cause__
-        _restore_leftovers(host, journal, managed_op_keys(plan.settings), report)
+        _restore_leftovers(kernel, journal, managed_op_keys(plan.settings), report)
         journal.compact()
-        _record(host, profile, source, report, reload_path)
+        _record(kernel, profile, source, report, reload_path)
         report.seconds = time.monotonic() - t0
         return plan, report
 
 
 def apply_settings(
-    host: Host,
+    kernel: Kernel,
     journal: Journal,
     settings: list[Change],
     report: ApplyReport,
@@ -269,7 +269,7 @@ def apply_settings(
         if not (ch.report_only or (ch.in_sync and ch.kind not in ("thread", "proc_cgroup")))
         for op in expand(ch)
     ]
-    w = _Writer(host, journal, report, keep_going)
+    w = _Writer(kernel, journal, report, keep_going)
     if batch:
         w.batched(ops)
     else:
@@ -282,7 +282,7 @@ def _irq_affinity(op: Op) -> bool:
 
 @dataclass
 class _Writer:
-    host: Host
+    kernel: Kernel
     journal: Journal
     report: ApplyReport
     keep_going: bool
@@ -311,11 +311,11 @@ class _Writer:
             i += 1
             try:
                 if op.kind == "mount" and self.pending is None:
-                    done = _prepare(self.host, self.journal, op)
+                    done = _prepare(self.kernel, self.journal, op)
                     if done is not None:
                         self.pending = (ch, op, *done, self.start(op, *done))
                     continue
-                done = _one(self.host, self.journal, op)
+                done = _one(self.kernel, self.journal, op)
             except errors.GputunedError as exc:
                 self.fail(ch, op, exc)
             else:
@@ -325,10 +325,10 @@ class _Writer:
 
     def start(self, op: Op, old: str, new_entry: bool) -> Callable[[], None]:
         try:
-            return start_write(self.host, op, op.value)
+            return start_write(self.kernel, op, op.value)
         except BaseException:  # refused before it began: as _commit does for a write
             if new_entry:
-                _restore_quietly(self.host, op, old)
+                _restore_quietly(self.kernel, op, old)
                 self.journal.drop(op.key)
             raise
 
@@ -339,7 +339,7 @@ class _Writer:
         ch, op, old, new_entry, started = self.pending
         self.pending = None
         try:
-            _commit(self.host, self.journal, op, old, new_entry, started)
+            _commit(self.kernel, self.journal, op, old, new_entry, started)
         except errors.GputunedError as exc:
             self.fail(ch, op, exc)
         else:
@@ -349,7 +349,7 @@ class _Writer:
         prepared: list[tuple[Change, Op, str, bool]] = []
         for ch, op in ops:
             try:
-                done = _prepare(self.host, self.journal, op, defer=True)
+                done = _prepare(self.kernel, self.journal, op, defer=True)
             except errors.GputunedError as exc:
                 if not self.keep_going:
                     self.journal.flush()  # harmless records: nothing they protect is written
@@ -365,9 +365,9 @@ class _Writer:
             return
         for n, (ch, op, old, new_entry) in enumerate(prepared):
             try:
-                if _holds(self.host, op):
+                if _holds(self.kernel, op):
                     continue
-                _commit(self.host, self.journal, op, old, new_entry)
+                _commit(self.kernel, self.journal, op, old, new_entry)
             except errors.GputunedError as exc:
                 self.fail_unwritten(ch, op, exc, prepared[n + 1 :])
             else:
@@ -410,7 +410,7 @@ class _Writer:
         self.report.failed.append({"target": op.target, "error": str(exc)})
         if not self.keep_going:
             self.settle()  # a remount under way is undone with the rest (or fails itself)
-            _rollback(self.host, self.journal, self.undo)
+            _rollback(self.kernel, self.journal, self.undo)
             self.report.rolled_back = True
             raise ApplyError(
                 f"{op.tuner} {op.target} failed: {exc}; the {len(self.undo)} write(s) "
@@ -419,10 +419,10 @@ class _Writer:
             ) from exc
 
 
-def _rollback(host: Host, journal: Journal, undo: list[tuple[Op, str, bool]]) -> None:
+def _rollback(kernel: Kernel, journal: Journal, undo: list[tuple[Op, str, bool]]) -> None:
     for op, old, new_entry in reversed(undo):
         try:
-            write(host, op, old)
+            write(kernel, op, old)
         except errors.GputunedError as exc:
             log.error("%s: %s: rollback failed: %s (kept in the journal)", op.tuner, op.target, exc)
             continue
@@ -431,19 +431,19 @@ def _rollback(host: Host, journal: Journal, undo: list[tuple[Op, str, bool]]) ->
 
 
 def _restore_leftovers(
-    host: Host, journal: Journal, managed: set[str], report: ApplyReport
+    kernel: Kernel, journal: Journal, managed: set[str], report: ApplyReport
 ) -> None:
     """Settings journaled by an earlier profile that this one does not manage go back."""
     todo = [e for e in journal.newest_first() if e.op.key not in managed]
     if todo:
         rep = RevertReport()
-        restore(host, journal, todo, rep)
+        restore(kernel, journal, todo, rep)
         report.restored += rep.restored
         report.failed += rep.failed
 
 
 def _record(
-    host: Host, profile: Profile, source: str, report: ApplyReport, reload_path: str | None
+    kernel: Kernel, profile: Profile, source: str, report: ApplyReport, reload_path: str | None
 ) -> None:
     state = {
         "profile": profile.name,
@@ -451,21 +451,21 @@ def _record(
         "applied_at": time.time(),
         "not_possible": report.not_possible,
     }
-    replace_durable(host, STATE, json.dumps(state, indent=1).encode())
+    replace_durable(kernel, STATE, json.dumps(state, indent=1).encode())
     active: dict[str, Any] = {
         "source": source,
         "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
     }
     if reload_path is not None:
         active["path"] = reload_path
-    replace_durable(host, ACTIVE, json.dumps(active, indent=1).encode(), mode=0o644)
+    replace_durable(kernel, ACTIVE, json.dumps(active, indent=1).encode(), mode=0o644)
 
 
-def read_state(host: Host) -> dict[str, Any]:
-    raw = read_optional_bytes(host, STATE)
+def read_state(kernel: Kernel) -> dict[str, Any]:
+    raw = read_optional_bytes(kernel, STATE)
     return dict(json.loads(raw)) if raw else {}
 
 
-def read_active(host: Host) -> dict[str, Any] | None:
-    raw = read_optional_bytes(host, ACTIVE)
+def read_active(kernel: Kernel) -> dict[str, Any] | None:
+    raw = read_optional_bytes(kernel, ACTIVE)
     return dict(json.loads(raw)) if raw else None

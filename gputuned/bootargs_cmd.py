@@ -13,9 +13,9 @@ import sys
 from gputuned.actions import ABSENT, Op
 from gputuned.apply import ApplyReport
 from gputuned.engine import read_context
-from gputuned.host import Host
 from gputuned.host.state import GRUB_DROPIN, HostLock
 from gputuned.journal import Journal
+from gputuned.kernel import Kernel
 from gputuned.profile import Profile
 from gputuned.render import console
 from gputuned.tuners.bootargs import BootargsTuner
@@ -30,8 +30,8 @@ def grub_dropin(args: list[str]) -> str:
     )
 
 
-def bootargs(host: Host, profile: Profile, *, write_grub: bool, as_json: bool) -> int:
-    ctx = read_context(host, profile)
+def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: bool) -> int:
+    ctx = read_context(kernel, profile)
     tuner = BootargsTuner()
     wanted = tuner.wanted(ctx)
     missing = tuner.plan(ctx).pending_boot
@@ -40,14 +40,14 @@ def bootargs(host: Host, profile: Profile, *, write_grub: bool, as_json: bool) -
         op = Op(
             "file:" + GRUB_DROPIN, "bootargs", GRUB_DROPIN, "file", GRUB_DROPIN, grub_dropin(wanted)
         )
-        with HostLock(host):
-            journal = Journal(host)
-            old = host.read_text(GRUB_DROPIN) if host.exists(GRUB_DROPIN) else ABSENT
+        with HostLock(kernel):
+            journal = Journal(kernel)
+            old = kernel.read_text(GRUB_DROPIN) if kernel.exists(GRUB_DROPIN) else ABSENT
             if old != op.value:
                 from gputuned.actions import write
 
                 journal.save(op, old)
-                write(host, op, op.value)
+                write(kernel, op, op.value)
                 report.written.append({"target": GRUB_DROPIN, "old": old, "new": op.value})
     if as_json:
         sys.stdout.write(

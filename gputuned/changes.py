@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gputuned.cpusets import ResolvedCpus
-    from gputuned.host import Host
     from gputuned.host.proc import ProcInfo
     from gputuned.host.system import CgroupLayout, Irq
     from gputuned.inspect import Snapshot
+    from gputuned.kernel import Kernel
     from gputuned.profile import Profile
     from gputuned.topology import HostCpus
     from gputuned.tuners.proctree import Claim
@@ -87,7 +87,7 @@ class TunerPlan:
 class PlanContext:
     """What tuners plan against: the host read once, the profile, resolved CPU sets."""
 
-    host: Host
+    kernel: Kernel
     profile: Profile
     snap: Snapshot
     cpus: HostCpus

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputuned import __version__, errors
-from gputuned.host import Host
+from gputuned import __version__, errors, root
 from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
+from gputuned.kernel import Kernel
 from gputuned.render import (
     console,
     render_apply,
@@ -34,32 +34,10 @@ log = logging.getLogger("gputunectl")
 Handler = Callable[[argparse.Namespace], int]
 
 
-def host_root(text: str) -> Path:
-    """``--root``: ``/`` or an existing host tree, given by an absolute path. A relative or
-    mistyped one was made on the first write instead of refused (issue 14, finding 17)."""
-    from gputuned.host.fs import TREE_META
-
-    path = Path(text)
-    if not path.is_absolute():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is relative; give the tree's absolute path, such as {Path(text).absolute()}"
-        )
-    if path == Path("/"):
-        return path
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is not a folder; check the path")
-    if not ((path / TREE_META).is_file() or (path / "sys").is_dir() or (path / "proc").is_dir()):
-        raise argparse.ArgumentTypeError(
-            f"{text} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
-            "gputunectl capture, or check the path"
-        )
-    return path
-
-
 def _add_root(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--root",
-        type=host_root,
+        type=root.host_root,
         default=Path("/"),
         help="read (and write) a captured host tree instead of this machine (absolute path)",
     )
@@ -76,7 +54,7 @@ def _print_json(data: Any) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from gputuned.inspect import inspect
 
-    data = inspect(Host(args.root), all_functions=args.all)
+    data = inspect(root.open_kernel(args.root), all_functions=args.all)
     if args.json:
         _print_json(data)
     else:
@@ -89,7 +67,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
     err = console(stderr=True)
     meta = capture(
-        Host(args.root),
+        root.open_kernel(args.root),
         args.dir,
         probe_writes=args.probe_writes,
         stable=args.stable,
@@ -112,7 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from gputuned.profile import load_profile
 
     profile = load_profile(args.profile)
-    result = plan_profile(Host(args.root), profile, allow_blocked=True)
+    result = plan_profile(root.open_kernel(args.root), profile, allow_blocked=True)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -121,14 +99,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return result.blocked_error().exit_code if result.blocked else 0
 
 
-def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
+def _profile_for(kernel: Kernel, arg: Path | None) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
     from gputuned.apply import read_active
     from gputuned.profile import load_profile, parse_profile
 
     if arg is not None:
         return load_profile(arg), str(arg.absolute())
-    active = read_active(host)
+    active = read_active(kernel)
     if active is None:
         raise errors.GputunedError(
             "no profile given and none applied on this host; name one: gputunectl verify PROFILE"
@@ -138,13 +116,13 @@ def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
     )
 
 
-def _daemon(host: Host, message: dict[str, Any]) -> dict[str, Any] | None:
+def _daemon(kernel: Kernel, message: dict[str, Any]) -> dict[str, Any] | None:
     """Send ``message`` to a running gputuned; None when no daemon runs (one-shot mode)."""
     from gputuned.host.control import daemon_running, request
 
-    if not daemon_running(host):
+    if not daemon_running(kernel):
         return None
-    return request(host, message)
+    return request(kernel, message)
 
 
 def _render_daemon_apply(resp: dict[str, Any]) -> None:
@@ -161,7 +139,7 @@ def _render_daemon_apply(resp: dict[str, Any]) -> None:
         out.print(f"  failed {shown(f['target'])}: {shown(f['error'])}")
 
 
-def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
+def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
     """What to apply: (the profile when this side loads it, the daemon's request, the file).
 
     A path is loaded here, as the user running gputunectl (includes too), and its content sent
@@ -172,7 +150,7 @@ def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any]
     from gputuned.profile import load_profile
 
     if not arg.exists() and is_profile_name(str(arg)):
-        path = named_profile(host, str(arg))  # refuse an unknown name here, with the choices
+        path = named_profile(kernel, str(arg))  # refuse an unknown name here, with the choices
         return None, {"cmd": "apply", "name": str(arg)}, str(path)
     profile = load_profile(arg)  # refuse a bad profile here, with its key paths
     data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -184,9 +162,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from gputuned.apply import ApplyError, apply_profile
     from gputuned.profile import load_profile
 
-    host = Host(args.root)
-    profile, message, path = _apply_source(host, args.profile)
-    resp = _daemon(host, message)
+    kernel = root.open_kernel(args.root)
+    profile, message, path = _apply_source(kernel, args.profile)
+    resp = _daemon(kernel, message)
     if resp is not None:
         if args.json:
             _print_json(resp)
@@ -196,10 +174,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
     profile = profile if profile is not None else load_profile(path)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
-    check_state_files(host)
+    check_state_files(kernel)
     try:
         plan, report = apply_profile(
-            host, profile, keep_going=args.keep_going, source=path, reload_path=path
+            kernel, profile, keep_going=args.keep_going, source=path, reload_path=path
         )
     except ApplyError as exc:
         if args.json:
@@ -219,14 +197,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_revert(args: argparse.Namespace) -> int:
     from gputuned.apply import RevertReport, revert_all
 
-    host = Host(args.root)
-    resp = _daemon(host, {"cmd": "revert"})
+    kernel = root.open_kernel(args.root)
+    resp = _daemon(kernel, {"cmd": "revert"})
     if resp is not None:
         report = RevertReport(
             resp["restored"], resp["failed"], resp.get("notes", []), resp["seconds"]
         )
     else:
-        report = revert_all(host)
+        report = revert_all(kernel)
     if args.json:
         _print_json({"ok": not report.failed, **report.to_json()})
     else:
@@ -240,14 +218,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from gputuned.host.userfiles import write_user_file_atomic
     from gputuned.verify import VerifyReport, verify_plan
 
-    host = Host(args.root)
-    resp = None if args.profile else _daemon(host, {"cmd": "verify", "strict": args.strict})
+    kernel = root.open_kernel(args.root)
+    resp = None if args.profile else _daemon(kernel, {"cmd": "verify", "strict": args.strict})
     if resp is not None:
         report = VerifyReport.from_json(resp, strict=args.strict)
     else:
-        profile, _source = _profile_for(host, args.profile)
-        plan = plan_profile(host, profile, allow_blocked=True)  # a blocked one shows as lines
-        report = verify_plan(plan, read_state(host), strict=args.strict)
+        profile, _source = _profile_for(kernel, args.profile)
+        plan = plan_profile(kernel, profile, allow_blocked=True)  # a blocked one shows as lines
+        report = verify_plan(plan, read_state(kernel), strict=args.strict)
     if args.prometheus:
         write_user_file_atomic(args.prometheus, report.prometheus().encode())
     if args.json:
@@ -261,16 +239,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gputuned.apply import read_active, read_state
     from gputuned.journal import Journal
 
-    host = Host(args.root)
-    resp = _daemon(host, {"cmd": "status"})
+    kernel = root.open_kernel(args.root)
+    resp = _daemon(kernel, {"cmd": "status"})
     if resp is not None:
         resp.pop("v", None)
         resp.pop("ok", None)
         _print_json(resp) if args.json else render_status(resp)
         return 0
-    active = read_active(host)
-    state = read_state(host)
-    journal = Journal(host)
+    active = read_active(kernel)
+    state = read_state(kernel)
+    journal = Journal(kernel)
     data = {
         "active_profile": active["profile"]["name"] if active else None,
         "source": active["source"] if active else None,
@@ -292,19 +270,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_register(args: argparse.Namespace) -> int:
     from gputuned.host.proc import read_identity
 
-    host = Host(args.root)
+    kernel = root.open_kernel(args.root)
     if args.pid <= 0:
         raise errors.GputunedError(f"{args.pid} is not a process ID; give a positive PID")
     try:
         # The daemon places a process by PID *and* start time: a PID alone may name another
         # process by the time the daemon reads it (PIDs are reused).
-        start = read_identity(host, args.pid)[0]
+        start = read_identity(kernel, args.pid)[0]
     except errors.HostError:
         raise errors.GputunedError(f"there is no process {args.pid}") from None
     msg: dict[str, Any] = {"cmd": args.command, "pid": args.pid, "start": start}
     if args.command == "register" and args.rule:
         msg["rule"] = args.rule
-    resp = _daemon(host, msg)
+    resp = _daemon(kernel, msg)
     if resp is None:
         raise errors.GputunedError(
             f"{args.command} needs the daemon (systemctl start gputuned): without it nothing "
@@ -319,9 +297,9 @@ def cmd_register(args: argparse.Namespace) -> int:
 def cmd_bootargs(args: argparse.Namespace) -> int:
     from gputuned.bootargs_cmd import bootargs
 
-    host = Host(args.root)
-    profile, _source = _profile_for(host, args.profile)
-    return bootargs(host, profile, write_grub=args.write_grub, as_json=args.json)
+    kernel = root.open_kernel(args.root)
+    profile, _source = _profile_for(kernel, args.profile)
+    return bootargs(kernel, profile, write_grub=args.write_grub, as_json=args.json)
 
 
 def _add_engine_commands(sub: Any) -> None:
@@ -395,7 +373,9 @@ def _add_engine_commands(sub: Any) -> None:
 def cmd_install_system(args: argparse.Namespace) -> int:
     from gputuned.install import find_gputuned, install_system, render
 
-    report = install_system(Host(args.prefix), exe=find_gputuned(), dry_run=args.dry_run)
+    report = install_system(
+        root.open_kernel(args.prefix), exe=find_gputuned(), dry_run=args.dry_run
+    )
     if args.json:
         _print_json(report.to_json())
     else:
@@ -406,7 +386,7 @@ def cmd_install_system(args: argparse.Namespace) -> int:
 def cmd_uninstall_system(args: argparse.Namespace) -> int:
     from gputuned.install import render, uninstall_system
 
-    report = uninstall_system(Host(args.prefix), dry_run=args.dry_run)
+    report = uninstall_system(root.open_kernel(args.prefix), dry_run=args.dry_run)
     if args.json:
         _print_json(report.to_json())
     else:
@@ -440,7 +420,11 @@ def cmd_top(args: argparse.Namespace) -> int:
     from gputuned.top import run_top
 
     return run_top(
-        Host(args.root), pids=args.pid, once=args.once, as_json=args.json, interval=args.interval
+        root.open_kernel(args.root),
+        pids=args.pid,
+        once=args.once,
+        as_json=args.json,
+        interval=args.interval,
     )
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gputuned import __version__, errors
+from gputuned import __version__, errors, root
 from gputuned.actions import Reused, expand, holds
 from gputuned.apply import (
     ApplyReport,
@@ -53,10 +53,6 @@ from gputuned.daemon_access import (
 )
 from gputuned.daemon_config import Config as DaemonConfig
 from gputuned.engine import plan_processes, plan_profile, read_context
-from gputuned.host import (
-    Host,
-    procctl,  # noqa: F401  (loaded now, not at the first placement)
-)
 from gputuned.host.control import ControlServer, PeerCred
 from gputuned.host.httpmetrics import MetricsServer
 from gputuned.host.loop import Loop, now
@@ -66,6 +62,7 @@ from gputuned.host.procwatch import ProcWatcher, open_watcher
 from gputuned.host.state import ACTIVE, HostLock
 from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
+from gputuned.kernel import Kernel
 from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.textsafe import printable
 from gputuned.tuners.process import Claim, claim_processes
@@ -76,8 +73,8 @@ log = logging.getLogger("gputuned")
 
 
 class Daemon:
-    def __init__(self, host: Host, *, profile_path: Path | None = None) -> None:
-        self.host = host
+    def __init__(self, kernel: Kernel, *, profile_path: Path | None = None) -> None:
+        self.kernel = kernel
         self.profile_path = profile_path
         self.notify = Notifier()
         self.profile: Profile | None = None
@@ -98,7 +95,7 @@ class Daemon:
         self.running = True
         self.watchdog_on = True
         self.loop = Loop()
-        self.lock = HostLock(host)
+        self.lock = HostLock(kernel)
         self.journal: Journal | None = None  # opened under the lock; the daemon's only copy
         self.watcher: ProcWatcher | None = None
         self.udev: UdevMonitor | None = None
@@ -126,7 +123,7 @@ class Daemon:
             self.loop.on_signal(sig, h)
         self.lock.__enter__()
         try:
-            self.journal = Journal(self.host)
+            self.journal = Journal(self.kernel)
             self.profile, self.source = self._load_profile()
             self._set_up()
             self._adopt_or_replay()
@@ -147,18 +144,18 @@ class Daemon:
         writes a setting, and anything that cannot be set up stops the start before any does."""
         cfg = self.profile.daemon if self.profile is not None else DaemonConfig()
         self.control = ControlServer(
-            self.host, self._handle, group=cfg.control_group, admin_group=cfg.admin_group
+            self.kernel, self._handle, group=cfg.control_group, admin_group=cfg.admin_group
         )
         self.control.attach(self.loop)
         if cfg.metrics_port is not None:
             self._set_up_metrics(cfg)
-        self.watcher = open_watcher(self.host, poll_interval=1.0)
+        self.watcher = open_watcher(self.kernel, poll_interval=1.0)
         if self.watcher.fileno() >= 0:
             # Priority: process events are taken before scrapes and control requests.
             self.loop.add_reader(
                 self.watcher.fileno(), lambda _fd: self._on_proc_events(), priority=-10
             )
-        self.udev = open_monitor(self.host)
+        self.udev = open_monitor(self.kernel)
         if self.udev is not None:
             self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev(), priority=-5)
 
@@ -167,7 +164,7 @@ class Daemon:
 
         try:
             self.metrics = MetricsServer(
-                lambda: daemon_metrics(self.host, self._status()),
+                lambda: daemon_metrics(self.kernel, self._status()),
                 port=cfg.metrics_port or 0,
                 address=cfg.metrics_address,
                 allowed=metrics_allowed(cfg.metrics_allow),
@@ -187,7 +184,7 @@ class Daemon:
                 "daemon: start failed; putting back the %d journaled value(s)", len(self.journal)
             )
             try:
-                rep = revert_all(self.host, lock=False, journal=self.journal)
+                rep = revert_all(self.kernel, lock=False, journal=self.journal)
                 log.info(
                     "daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed)
                 )
@@ -243,7 +240,7 @@ class Daemon:
         if skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
-            rep = revert_all(self.host, forget_profile=False, lock=False, journal=self.journal)
+            rep = revert_all(self.kernel, forget_profile=False, lock=False, journal=self.journal)
             log.info("daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed))
             for note in rep.notes:
                 log.info("daemon: revert: %s", note)
@@ -271,8 +268,8 @@ class Daemon:
         assert journal is not None
         if not len(journal):
             return
-        if read_active(self.host) is None and self.profile_path is None:
-            rep = revert_all(self.host, lock=False, journal=journal)
+        if read_active(self.kernel) is None and self.profile_path is None:
+            rep = revert_all(self.kernel, lock=False, journal=journal)
             log.warning(
                 "daemon: replayed a journal left by an earlier run: %d value(s) restored, %d failed",
                 len(rep.restored),
@@ -291,7 +288,7 @@ class Daemon:
         if self.profile_path is not None:
             self.reload_path = str(self.profile_path.absolute())
             return load_profile(self.profile_path), self.reload_path
-        active = read_active(self.host)
+        active = read_active(self.kernel)
         if active is None:
             return None, ""
         src = str(active.get("source", ""))
@@ -310,7 +307,7 @@ class Daemon:
     def _apply_full(self, why: str) -> ApplyReport:
         assert self.profile is not None
         plan, report = apply_profile(
-            self.host,
+            self.kernel,
             self.profile,
             keep_going=True,
             source=self.source,
@@ -320,7 +317,7 @@ class Daemon:
             reload_path=self.reload_path,
         )
         self.ctx = read_context(
-            self.host, self.profile, registered=self.registered, journal=self.journal
+            self.kernel, self.profile, registered=self.registered, journal=self.journal
         )
         self.settings = [
             c for c in plan.settings if not c.report_only and c.key not in report.not_possible
@@ -351,7 +348,7 @@ class Daemon:
         for ch in self.settings:
             for op in expand(ch):
                 try:
-                    if not holds(self.host, op, op.value)[0]:
+                    if not holds(self.kernel, op, op.value)[0]:
                         log.info("daemon: drift: %s %s", op.tuner, op.target)
                         return True
                 except (errors.TargetGone, Reused):
@@ -379,8 +376,10 @@ class Daemon:
     def _verify(self) -> None:
         assert self.profile is not None
         rep = verify_plan(
-            plan_profile(self.host, self.profile, registered=self.registered, journal=self.journal),
-            read_state(self.host),
+            plan_profile(
+                self.kernel, self.profile, registered=self.registered, journal=self.journal
+            ),
+            read_state(self.kernel),
         )
         self.last_verify = rep.to_json()["counts"]
         self.last_verify_at = time.time()
@@ -404,7 +403,7 @@ class Daemon:
             return
         report = ApplyReport()
         assert self.journal is not None
-        apply_settings(self.host, self.journal, settings, report, keep_going=True, batch=True)
+        apply_settings(self.kernel, self.journal, settings, report, keep_going=True, batch=True)
         if report.written:
             self.counters["placements"] += 1
             log.info(
@@ -436,7 +435,7 @@ class Daemon:
                 # child running its target, setproctitle); a thread: placed like its process.
                 new.append(ev.pid)
             elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
-                n = forget_process(self.host, ev.pid, self.journal)
+                n = forget_process(self.kernel, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
                 assert self.journal is not None
                 self.journal.compact_if_grown()
@@ -552,7 +551,7 @@ class Daemon:
         if cmd == "apply":
             return self._apply_request(req, peer)
         if cmd == "revert":
-            rep = revert_all(self.host, lock=False, journal=self.journal)
+            rep = revert_all(self.kernel, lock=False, journal=self.journal)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
             self.reload_path, self._verify_cache = None, None
             self.status = "idle: reverted (gputunectl apply PROFILE)"
@@ -566,7 +565,7 @@ class Daemon:
         )
 
     def _apply_request(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
-        profile, source, reload_path = profile_from_request(self.host, req, peer)
+        profile, source, reload_path = profile_from_request(self.kernel, req, peer)
         old = self.profile, self.source, self.profile_path, self.reload_path
         self.profile, self.source, self.profile_path = profile, source, None
         self.reload_path, self._verify_cache = reload_path, None
@@ -589,8 +588,8 @@ class Daemon:
         if peer.uid != 0 and cached and cached[1] == strict and t - cached[0] < VERIFY_CACHE_S:
             return cached[2]
         vrep = verify_plan(
-            plan_profile(self.host, self.profile, registered=self.registered),
-            read_state(self.host),
+            plan_profile(self.kernel, self.profile, registered=self.registered),
+            read_state(self.kernel),
             strict=strict,
         )
         out = vrep.to_json()
@@ -613,7 +612,7 @@ class Daemon:
             for p in tree:
                 self.claims.pop(p, None)
             self.registered.pop(pid, None)
-            return restore_processes(self.host, tree, self.journal).to_json()
+            return restore_processes(self.kernel, tree, self.journal).to_json()
         if self.profile is None or not self.profile.process:
             raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
         names = [r.name for r in self.profile.process]
@@ -623,10 +622,10 @@ class Daemon:
         name = rule or names[0]
         if name not in names:
             raise errors.GputunedError(f"no rule {name!r}; the profile has: {', '.join(names)}")
-        self.registered[pid] = (_check_registrable(self.host, pid, start), name)
+        self.registered[pid] = (_check_registrable(self.kernel, pid, start), name)
         if self.ctx is not None:
             self.ctx = read_context(
-                self.host, self.profile, registered=self.registered, journal=self.journal
+                self.kernel, self.profile, registered=self.registered, journal=self.journal
             )
         self._place([pid], f"registered for rule {name}")
         return {
@@ -637,7 +636,7 @@ class Daemon:
         }
 
     def _status(self) -> dict[str, Any]:
-        state = read_state(self.host)
+        state = read_state(self.kernel)
         return {
             "daemon": {"pid": _pid(), "version": __version__, "status": self.status,
                        "watcher": self.watcher.mode if self.watcher else None,
@@ -677,7 +676,7 @@ def _process_id(req: dict[str, Any]) -> tuple[int, int | None]:
     return pid, start
 
 
-def _check_registrable(host: Host, pid: int, start: int | None) -> int:
+def _check_registrable(kernel: Kernel, pid: int, start: int | None) -> int:
     """Refuse what must never be placed by hand: a PID that does not exist or now names
     another process, PID 1, kernel threads, gputuned itself. Returns the start time."""
     if start is None:
@@ -687,7 +686,7 @@ def _check_registrable(host: Host, pid: int, start: int | None) -> int:
             "both)"
         )
     try:
-        now, _ppid, comm, kernel = read_identity(host, pid)
+        now, _ppid, comm, kthread = read_identity(kernel, pid)
     except errors.HostError:
         raise errors.GputunedError(f"register {pid}: there is no process {pid}") from None
     if now != start:
@@ -697,7 +696,7 @@ def _check_registrable(host: Host, pid: int, start: int | None) -> int:
         )
     if pid == 1:
         raise errors.GputunedError("register 1: PID 1 is the system's init; it is never placed")
-    if kernel:
+    if kthread:
         raise errors.GputunedError(f"register {pid}: {comm} is a kernel thread; never placed")
     if pid == _pid() or comm in OWN_COMMS:
         raise errors.GputunedError(f"register {pid}: that is gputuned itself; never placed")
@@ -716,12 +715,13 @@ def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gputuned.cli import host_root
-
     p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
     p.add_argument(
-        "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
+        "--root",
+        type=root.host_root,
+        default=Path("/"),
+        help="run against a host tree (absolute path)",
     )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
@@ -729,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
     log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
-    d = Daemon(Host(args.root), profile_path=args.profile)
+    d = Daemon(root.open_kernel(args.root), profile_path=args.profile)
     try:
         d.start()
     except errors.GputunedError as exc:

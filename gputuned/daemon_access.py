@@ -17,11 +17,11 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Refusal
 from gputuned.daemon_config import Config as DaemonConfig
-from gputuned.host import Host
 from gputuned.host.controlproto import PeerCred
 from gputuned.host.httpmetrics import Allowed
 from gputuned.host.userfiles import PROFILE_DIR, named_profile
 from gputuned.host.users import group_gid, user_uid
+from gputuned.kernel import Kernel
 from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.textsafe import printable
 
@@ -37,12 +37,12 @@ def request_flag(req: dict[str, Any], key: str) -> bool:
 
 
 def profile_from_request(
-    host: Host, req: dict[str, Any], peer: PeerCred
+    kernel: Kernel, req: dict[str, Any], peer: PeerCred
 ) -> tuple[Profile, str, str | None]:
     """(profile, source to show, file to re-read on SIGHUP) for an ``apply`` request."""
     name, data = req.get("name"), req.get("profile")
     if isinstance(name, str):
-        path = named_profile(host, name)
+        path = named_profile(kernel, name)
         return load_profile(path), str(path), str(path)
     if isinstance(data, dict):
         given = req.get("source")

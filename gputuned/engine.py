@@ -15,7 +15,6 @@ from typing import Any
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, Refusal, Tuner
 from gputuned.cpuresolve import housekeeping_guard, resolve_cpusets
-from gputuned.host import Host
 from gputuned.host.proc import iter_processes, read_process
 from gputuned.host.system import (
     read_cgroup_layout,
@@ -26,6 +25,7 @@ from gputuned.host.system import (
 )
 from gputuned.inspect import snapshot
 from gputuned.journal import Journal
+from gputuned.kernel import Kernel
 from gputuned.layout import plan_layout
 from gputuned.profile import Profile
 from gputuned.tuners.proctree import Claim
@@ -82,7 +82,7 @@ def _change_json(c: Change) -> dict[str, Any]:
 
 
 def read_context(
-    host: Host,
+    kernel: Kernel,
     profile: Profile,
     *,
     registered: dict[int, tuple[int, str]] | None = None,
@@ -96,35 +96,35 @@ def read_context(
     need_nvml = any(r.match.uses_gpu is not None for r in rules) or (
         pp is not None and pp.mps != "keep"
     )
-    snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
-    cpus = read_host_cpus(host, snap.topo, snap.nvml)
+    snap = snapshot(kernel, nvml=need_nvml, gpu_trees_only=True)
+    cpus = read_host_cpus(kernel, snap.topo, snap.nvml)
     # Which node each IRQ's device sits on matters only where there are several nodes.
-    irq_nodes = read_irq_nodes(host) if profile.irq and len(cpus.nodes) > 1 else {}
+    irq_nodes = read_irq_nodes(kernel) if profile.irq and len(cpus.nodes) > 1 else {}
     return PlanContext(
-        host=host,
+        kernel=kernel,
         profile=profile,
         snap=snap,
         cpus=cpus,
         sets=resolve_cpusets(profile, cpus),
-        irqs=read_interrupts(host),
-        default_affinity=read_default_affinity(host),
-        cgroup=read_cgroup_layout(host),
+        irqs=read_interrupts(kernel),
+        default_affinity=read_default_affinity(kernel),
+        cgroup=read_cgroup_layout(kernel),
         # stat and cmdline only: exe, cgroup and the owner cost three more reads a process, so
         # they are read for the few processes whose comm and cmdline a rule matches
         # (tuners/proctree.py claim()).
-        processes=iter_processes(host, brief=True),
+        processes=iter_processes(kernel, brief=True),
         registered=dict(registered or {}),
         irq_nodes=irq_nodes,
-        original=journal_originals(host, journal),
+        original=journal_originals(kernel, journal),
     )
 
 
-def journal_originals(host: Host, journal: Journal | None) -> Callable[[str], str | None]:
+def journal_originals(kernel: Kernel, journal: Journal | None) -> Callable[[str], str | None]:
     """Look-up of journaled originals by key. Without ``journal`` the host's is read; one that
     cannot be read (not root, or damaged: apply and revert say so) counts as empty here."""
     if journal is None:
         try:
-            journal = Journal(host)
+            journal = Journal(kernel)
         except errors.GputunedError as exc:
             log.debug("plan: journal not read (%s); no originals known", exc)
             return lambda _key: None
@@ -156,14 +156,14 @@ def all_tuners() -> Sequence[Tuner]:
 
 
 def plan_profile(
-    host: Host,
+    kernel: Kernel,
     profile: Profile,
     *,
     registered: dict[int, tuple[int, str]] | None = None,
     allow_blocked: bool = False,
     journal: Journal | None = None,
 ) -> PlanResult:
-    """Every change ``profile`` would make on ``host``, and what it refuses. Writes nothing.
+    """Every change ``profile`` would make through ``kernel``, and what it refuses. Writes nothing.
 
     A blocking refusal (:class:`Refusal`) raises PlanError, so that apply, which plans first,
     writes nothing. ``allow_blocked`` returns such a plan instead, for commands that only show
@@ -172,10 +172,10 @@ def plan_profile(
     from gputuned.cpulist import format_cpulist
     from gputuned.daemon_access import daemon_refusals
 
-    ctx = read_context(host, profile, registered=registered, journal=journal)
+    ctx = read_context(kernel, profile, registered=registered, journal=journal)
     result = PlanResult(
         profile=profile.name,
-        root=str(host.root),
+        root=str(kernel.root),
         sets={k: format_cpulist(v) for k, v in ctx.sets.sets.items()},
     )
     result.notes += ctx.sets.notes
@@ -210,7 +210,7 @@ def plan_processes(ctx: PlanContext, pids: list[int]) -> tuple[list[Change], dic
     procs = []
     for pid in pids:
         try:
-            procs.append(read_process(ctx.host, pid, threads=False, brief=True))
+            procs.append(read_process(ctx.kernel, pid, threads=False, brief=True))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs))

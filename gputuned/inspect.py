@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputuned.cpulist import format_cpulist
-from gputuned.host import Host
 from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.pci import (
     AspmPolicy,
@@ -18,6 +17,7 @@ from gputuned.host.pci import (
 )
 from gputuned.host.pciconfig import NOT_RESPONDING
 from gputuned.host.system import read_host_cpus
+from gputuned.kernel import Kernel
 from gputuned.layout import topology_report
 
 
@@ -31,13 +31,13 @@ class Snapshot:
     cmdline: str
 
 
-def snapshot(host: Host, *, nvml: bool = True, gpu_trees_only: bool = False) -> Snapshot:
+def snapshot(kernel: Kernel, *, nvml: bool = True, gpu_trees_only: bool = False) -> Snapshot:
     """Read the PCI tree, ASPM policy and command line; NVML only when ``nvml`` (it is slow to
     initialise, and plan needs it only for "uses GPU N" rules and the busy check before MPS)."""
-    topo = scan(host, gpu_trees_only=gpu_trees_only)
-    cmdline = read_cmdline(host)
-    gpus = read_gpus(host) if nvml else None
-    return Snapshot(topo, gpus, read_aspm_policy(host, topo, cmdline), cmdline)
+    topo = scan(kernel, gpu_trees_only=gpu_trees_only)
+    cmdline = read_cmdline(kernel)
+    gpus = read_gpus(kernel) if nvml else None
+    return Snapshot(topo, gpus, read_aspm_policy(kernel, topo, cmdline), cmdline)
 
 
 def link_findings(dev: PciDevice, busy: bool | None) -> list[dict[str, str]]:
@@ -133,12 +133,12 @@ def device_report(dev: PciDevice, topo: PciTopology, nvml: NvmlGpu | None) -> di
     return report
 
 
-def inspect(host: Host, *, all_functions: bool = False) -> dict[str, Any]:
-    snap = snapshot(host)
+def inspect(kernel: Kernel, *, all_functions: bool = False) -> dict[str, Any]:
+    snap = snapshot(kernel)
     by_bdf = {g.bdf: g for g in snap.nvml or []}
     devs = snap.topo.reported_functions() if all_functions else snap.topo.gpus()
     return {
-        "root": str(host.root),
+        "root": str(kernel.root),
         "nvml": snap.nvml is not None,
         "aspm_policy": {
             "value": snap.aspm.value,
@@ -148,5 +148,5 @@ def inspect(host: Host, *, all_functions: bool = False) -> dict[str, Any]:
         },
         "devices": [device_report(d, snap.topo, by_bdf.get(d.bdf)) for d in devs],
         "gpu_count": len(snap.topo.gpus()),
-        "topology": topology_report(read_host_cpus(host, snap.topo, snap.nvml), snap.nvml),
+        "topology": topology_report(read_host_cpus(kernel, snap.topo, snap.nvml), snap.nvml),
     }

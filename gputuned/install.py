@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gputuned import __version__, errors
-from gputuned.host import Host, sysinstall
 from gputuned.host import state as hoststate
+from gputuned.host import sysinstall
+from gputuned.kernel import Kernel
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -156,9 +157,9 @@ def find_gputuned() -> str:
     return exe
 
 
-def read_record(host: Host) -> dict[str, str]:
+def read_record(kernel: Kernel) -> dict[str, str]:
     """Path -> SHA-256 of the files the last install-system put in place ({} if none)."""
-    raw = hoststate.read_optional_bytes(host, RECORD)
+    raw = hoststate.read_optional_bytes(kernel, RECORD)
     if raw is None:
         return {}
     try:
@@ -178,21 +179,21 @@ def _sha(data: bytes) -> str:
 # ---- install ----------------------------------------------------------------------------------
 
 
-def install_system(host: Host, *, exe: str, dry_run: bool = False) -> Report:
+def install_system(kernel: Kernel, *, exe: str, dry_run: bool = False) -> Report:
     """Put the unit, the udev rule and the profiles in place; reload systemd and udev."""
-    report = Report("install-system", str(host.root), dry_run, exec_start=exe)
-    recorded = read_record(host)
+    report = Report("install-system", str(kernel.root), dry_run, exec_start=exe)
+    recorded = read_record(kernel)
     wanted = wanted_files(exe)
     keep_record: dict[str, str] = {}
     for hpath, data in wanted.items():
         new = _sha(data)
-        have = sysinstall.sha256_of(host, hpath)
+        have = sysinstall.sha256_of(kernel, hpath)
         if have == new:
             report.files.append(FileAction(hpath, "unchanged", new))
         elif have is None or recorded.get(hpath) == have:
             report.files.append(FileAction(hpath, "install" if have is None else "update", new))
             if not dry_run:
-                sysinstall.install_file(host, hpath, data)
+                sysinstall.install_file(kernel, hpath, data)
         else:
             why = (
                 "changed since gputuned installed it"
@@ -216,7 +217,7 @@ def install_system(host: Host, *, exe: str, dry_run: bool = False) -> Report:
     for hpath, sha in recorded.items():
         if hpath in wanted:
             continue
-        report.files.append(_remove_if_ours(host, hpath, sha, dry_run, "no longer shipped"))
+        report.files.append(_remove_if_ours(kernel, hpath, sha, dry_run, "no longer shipped"))
     if not dry_run:
         record = {
             "format": RECORD_FORMAT,
@@ -226,21 +227,21 @@ def install_system(host: Host, *, exe: str, dry_run: bool = False) -> Report:
             "files": [{"path": p, "sha256": s} for p, s in keep_record.items()],
         }
         hoststate.replace_durable(
-            host, RECORD, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644
+            kernel, RECORD, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644
         )
-    report.steps += _reload(host, dry_run)
+    report.steps += _reload(kernel, dry_run)
     return report
 
 
 # ---- uninstall --------------------------------------------------------------------------------
 
 
-def uninstall_system(host: Host, *, dry_run: bool = False) -> Report:
+def uninstall_system(kernel: Kernel, *, dry_run: bool = False) -> Report:
     """Stop and disable the service, remove exactly the files install-system recorded and
     nobody changed since, then reload systemd and udev."""
-    report = Report("uninstall-system", str(host.root), dry_run)
-    recorded = read_record(host)
-    if not recorded and not host.exists(RECORD):
+    report = Report("uninstall-system", str(kernel.root), dry_run)
+    recorded = read_record(kernel)
+    if not recorded and not kernel.exists(RECORD):
         report.steps.append(
             Step("uninstall", "skipped", f"nothing to do: no {RECORD} (install-system not run)")
         )
@@ -249,44 +250,44 @@ def uninstall_system(host: Host, *, dry_run: bool = False) -> Report:
         report.steps.append(
             replace(
                 _systemctl(
-                    host, dry_run, "disable", "--now", UNIT_NAME, why="no service to stop now"
+                    kernel, dry_run, "disable", "--now", UNIT_NAME, why="no service to stop now"
                 ),
                 phase="before",
             )
         )
     for hpath, sha in recorded.items():
-        report.files.append(_remove_if_ours(host, hpath, sha, dry_run, "installed by gputuned"))
+        report.files.append(_remove_if_ours(kernel, hpath, sha, dry_run, "installed by gputuned"))
     if not dry_run:
-        hoststate.remove(host, RECORD)
-        sysinstall.remove_dir_if_empty(host, PROFILES_DIR)
-        sysinstall.remove_dir_if_empty(host, hoststate.ETC_DIR)
+        hoststate.remove(kernel, RECORD)
+        sysinstall.remove_dir_if_empty(kernel, PROFILES_DIR)
+        sysinstall.remove_dir_if_empty(kernel, hoststate.ETC_DIR)
     report.files.append(FileAction(RECORD, "remove"))
-    report.steps += _reload(host, dry_run)
+    report.steps += _reload(kernel, dry_run)
     return report
 
 
-def _remove_if_ours(host: Host, hpath: str, sha: str, dry_run: bool, why: str) -> FileAction:
-    have = sysinstall.sha256_of(host, hpath)
+def _remove_if_ours(kernel: Kernel, hpath: str, sha: str, dry_run: bool, why: str) -> FileAction:
+    have = sysinstall.sha256_of(kernel, hpath)
     if have is None:
         return FileAction(hpath, "gone", None, "already removed")
     if have != sha:
         return FileAction(hpath, "keep", have, "changed since gputuned installed it: left as it is")
     if not dry_run:
-        sysinstall.remove_file(host, hpath)
+        sysinstall.remove_file(kernel, hpath)
     return FileAction(hpath, "remove", have, why)
 
 
 # ---- systemd and udev -------------------------------------------------------------------------
 
 
-def _reload(host: Host, dry_run: bool) -> list[Step]:
+def _reload(kernel: Kernel, dry_run: bool) -> list[Step]:
     steps = [
-        _systemctl(host, dry_run, "daemon-reload", why="systemd reads the unit when it starts")
+        _systemctl(kernel, dry_run, "daemon-reload", why="systemd reads the unit when it starts")
     ]
     cmd = "udevadm control --reload"
-    if not host.live:
-        steps.append(Step(cmd, "skipped", _not_live(host)))
-    elif not sysinstall.udevd_running(host):
+    if not kernel.services:
+        steps.append(Step(cmd, "skipped", _elsewhere(kernel)))
+    elif not sysinstall.udevd_running(kernel):
         steps.append(
             Step(
                 cmd,
@@ -300,11 +301,11 @@ def _reload(host: Host, dry_run: bool) -> list[Step]:
     return steps
 
 
-def _systemctl(host: Host, dry_run: bool, *args: str, why: str) -> Step:
+def _systemctl(kernel: Kernel, dry_run: bool, *args: str, why: str) -> Step:
     cmd = " ".join(("systemctl", *args))
-    if not host.live:
-        return Step(cmd, "skipped", _not_live(host))
-    if not sysinstall.systemd_booted(host):
+    if not kernel.services:
+        return Step(cmd, "skipped", _elsewhere(kernel))
+    if not sysinstall.systemd_booted(kernel):
         return Step(
             cmd,
             "skipped",
@@ -325,8 +326,8 @@ def _run(cmd: str, dry_run: bool) -> Step:
     return Step(cmd, "ok", done.output)
 
 
-def _not_live(host: Host) -> str:
-    return f"installed under {host.root}, not into the running system"
+def _elsewhere(kernel: Kernel) -> str:
+    return f"installed under {kernel.root}, not into the running system"
 
 
 # ---- output -----------------------------------------------------------------------------------

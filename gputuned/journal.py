@@ -26,7 +26,6 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.actions import Op
-from gputuned.host import Host
 from gputuned.host.state import (
     JOURNAL,
     append_durable,
@@ -34,6 +33,7 @@ from gputuned.host.state import (
     remove,
     replace_durable,
 )
+from gputuned.kernel import Kernel
 from gputuned.opcheck import refusal
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ class Entry:
 class Journal:
     """The folded journal of one host, kept in step with the file."""
 
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
         self._entries: dict[str, Entry] = {}
         self._pending: list[tuple[str, bytes]] = []  # deferred saves: (key, line)
         #: (line number, why, the line) of saves refused on load: never restored.
@@ -62,7 +62,7 @@ class Journal:
         self._load()
 
     def _load(self) -> None:
-        raw = read_optional_bytes(self.host, JOURNAL)
+        raw = read_optional_bytes(self.kernel, JOURNAL)
         if raw is None:
             return
         lines = raw.split(b"\n")
@@ -133,7 +133,7 @@ class Journal:
         if defer:
             self._pending.append((op.key, line))
         else:
-            append_durable(self.host, JOURNAL, line)
+            append_durable(self.kernel, JOURNAL, line)
             self.lines += 1
         self._entries[op.key] = entry
         return True
@@ -145,7 +145,7 @@ class Journal:
             return
         pending, self._pending = self._pending, []
         try:
-            append_durable(self.host, JOURNAL, b"".join(line for _, line in pending))
+            append_durable(self.kernel, JOURNAL, b"".join(line for _, line in pending))
         except BaseException:
             for key, _ in pending:
                 self._entries.pop(key, None)
@@ -160,7 +160,7 @@ class Journal:
         # For the same reason a failed one must not stop a rollback or revert half-way (a full
         # /run would otherwise leave the host half applied).
         try:
-            append_durable(self.host, JOURNAL, line.encode(), sync=False)
+            append_durable(self.kernel, JOURNAL, line.encode(), sync=False)
             self.lines += 1
         except errors.HostError as exc:
             log.warning("journal: could not record that %s is restored: %s", key, exc)
@@ -180,13 +180,13 @@ class Journal:
             raise errors.GputunedError("journal: compact with unflushed records (a bug)")
         kept = [raw.decode("utf-8", "replace") for _, _, raw in self.rejected]
         if not self._entries and not kept:
-            remove(self.host, JOURNAL)
+            remove(self.kernel, JOURNAL)
             self.lines = 0
             return
         lines = kept + [
             json.dumps({"v": VERSION, "op": "save", "entry": e.to_json()}) for e in self.entries()
         ]
-        replace_durable(self.host, JOURNAL, ("\n".join(lines) + "\n").encode())
+        replace_durable(self.kernel, JOURNAL, ("\n".join(lines) + "\n").encode())
         self.lines = len(lines)
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.host import Host
 from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.sampling import (
     IrqCounts,
@@ -25,6 +24,7 @@ from gputuned.host.sampling import (
     read_irq_counts,
     sample_process,
 )
+from gputuned.kernel import Kernel
 from gputuned.verify import DRIFTED, PENDING, STATUSES
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def add_gpus(exp: Exposition, gpus: list[NvmlGpu]) -> None:
     )
 
 
-def daemon_metrics(host: Host, status: dict[str, Any], *, nvml: bool = True) -> str:
+def daemon_metrics(kernel: Kernel, status: dict[str, Any], *, nvml: bool = True) -> str:
     """Everything the daemon serves, from its ``status`` answer (the control socket's)."""
     exp = Exposition()
     d = status.get("daemon") or {}
@@ -221,17 +221,17 @@ def daemon_metrics(host: Host, status: dict[str, Any], *, nvml: bool = True) -> 
     for pid in pids:
         try:
             procs.append(
-                (sample_process(host, pid), "registered" if pid in registered else "placed")
+                (sample_process(kernel, pid), "registered" if pid in registered else "placed")
             )
         except (errors.TargetGone, errors.PermissionDenied):
             continue  # exited since the daemon last looked
     try:
-        irqs: IrqCounts | None = read_irq_counts(host)
+        irqs: IrqCounts | None = read_irq_counts(kernel)
     except errors.HostError as exc:
         log.debug("metrics: /proc/interrupts unreadable: %s", exc)
         irqs = None
     add_processes(exp, procs, irqs, ticks=clock_ticks())
-    gpus = read_gpus(host) if nvml else None
+    gpus = read_gpus(kernel) if nvml else None
     if gpus:
         add_gpus(exp, gpus)
     return exp.text()

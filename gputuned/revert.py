@@ -31,12 +31,11 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.actions import ABSENT, Op, Reused, holds, write
-from gputuned.host import Host
 from gputuned.host.proc import iter_processes, read_identity, read_process
-from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.state import ACTIVE, STATE, HostLock, remove
-from gputuned.host.system import read_cgroup_layout
+from gputuned.host.system import nearest_cgroup, read_cgroup_layout
 from gputuned.journal import Entry, Journal
+from gputuned.kernel import Kernel
 from gputuned.tuners.process import DEFAULT_AFFINITY
 
 log = logging.getLogger(__name__)
@@ -64,25 +63,29 @@ class RevertReport:
 
 
 def revert_all(
-    host: Host, *, forget_profile: bool = True, lock: bool = True, journal: Journal | None = None
+    kernel: Kernel,
+    *,
+    forget_profile: bool = True,
+    lock: bool = True,
+    journal: Journal | None = None,
 ) -> RevertReport:
     """Restore every journaled value and what placements passed on (see the module)."""
     t0 = time.monotonic()
     report = RevertReport()
-    with HostLock(host) if lock else contextlib.nullcontext():
-        journal = journal if journal is not None else Journal(host)
-        restore(host, journal, list(journal.newest_first()), report)
+    with HostLock(kernel) if lock else contextlib.nullcontext():
+        journal = journal if journal is not None else Journal(kernel)
+        restore(kernel, journal, list(journal.newest_first()), report)
         report.failed += journal.rejected_report()  # refused on load: never written
         journal.compact()
         if not report.failed:
-            remove(host, STATE)
+            remove(kernel, STATE)
             if forget_profile:
-                remove(host, ACTIVE)
+                remove(kernel, ACTIVE)
     report.seconds = time.monotonic() - t0
     return report
 
 
-def restore(host: Host, journal: Journal, entries: list[Entry], report: RevertReport) -> None:
+def restore(kernel: Kernel, journal: Journal, entries: list[Entry], report: RevertReport) -> None:
     """Steps 1-4 of the module docstring for ``entries`` (newest first).
 
     Steps 2 and 3 run once, in the first pass, just before the first entry that changes a
@@ -95,31 +98,33 @@ def restore(host: Host, journal: Journal, entries: list[Entry], report: RevertRe
     def inherited() -> None:
         if not (placed or made):
             return
-        mount = read_cgroup_layout(host).v2_mount
+        mount = read_cgroup_layout(kernel).v2_mount
         if placed:
-            _sweep(host, placed, mount, report)
+            _sweep(kernel, placed, mount, report)
         if made and mount is not None:
-            _evacuate(host, made, placed, mount, report)
+            _evacuate(kernel, made, placed, mount, report)
 
-    restore_entries(host, journal, entries, report, before=(made, inherited))
+    restore_entries(kernel, journal, entries, report, before=(made, inherited))
 
 
-def restore_processes(host: Host, pids: set[int], journal: Journal | None = None) -> RevertReport:
+def restore_processes(
+    kernel: Kernel, pids: set[int], journal: Journal | None = None
+) -> RevertReport:
     """Put processes' journaled values back, and their unjournaled descendants' (unregister)."""
     report = RevertReport()
-    journal = journal if journal is not None else Journal(host)
+    journal = journal if journal is not None else Journal(kernel)
     mine = [
         e
         for e in journal.newest_first()
         if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") in pids
     ]
-    restore(host, journal, mine, report)
+    restore(kernel, journal, mine, report)
     return report
 
 
-def forget_process(host: Host, pid: int, journal: Journal | None = None) -> int:
+def forget_process(kernel: Kernel, pid: int, journal: Journal | None = None) -> int:
     """Drop the journal entries of a process that exited (nothing to restore). Returns count."""
-    journal = journal if journal is not None else Journal(host)
+    journal = journal if journal is not None else Journal(kernel)
     gone = [
         e.op.key
         for e in journal.entries()
@@ -134,7 +139,7 @@ def forget_process(host: Host, pid: int, journal: Journal | None = None) -> int:
 
 
 def restore_entries(
-    host: Host,
+    kernel: Kernel,
     journal: Journal,
     entries: list[Entry],
     report: Any,
@@ -160,7 +165,7 @@ def restore_entries(
             if hook is not None and any(path == d or path.startswith(d + "/") for d in dirs):
                 run, hook = hook, None
                 run()
-            err = _restore(host, entry.op, entry.old, notes)
+            err = _restore(kernel, entry.op, entry.old, notes)
             if err is None:
                 journal.drop(entry.op.key)
                 report.restored.append({"target": entry.op.target, "value": entry.old})
@@ -177,20 +182,20 @@ def restore_entries(
     report.failed += [{"target": e.op.target, "error": errs[e.op.key]} for e in entries]
 
 
-def _restore(host: Host, op: Op, old: str, notes: list[str]) -> str | None:
+def _restore(kernel: Kernel, op: Op, old: str, notes: list[str]) -> str | None:
     """Put ``old`` back; None on success (or when the process is gone), else the error."""
     check = replace(op, compare="cpulist") if op.compare == "cpulist_subset" else op
     moved_up = None
     try:
         if op.kind == "proc_cgroup":
-            dest = nearest_cgroup(host, str(op.data["mount"]), old)
+            dest = nearest_cgroup(kernel, str(op.data["mount"]), old)
             moved_up, old = (old, dest) if dest != old else (None, old)
         # "All the cgroup allows" is always written: it sets the kernel's user mask, which
         # the process keeps when it moves back and its cgroup gets CPUs back.
-        if old != DEFAULT_AFFINITY and holds(host, check, old)[0]:
+        if old != DEFAULT_AFFINITY and holds(kernel, check, old)[0]:
             return None  # already the original (the write never happened, or was undone)
-        write(host, check, old)
-        ok, seen = holds(host, check, old, just_written=True)
+        write(kernel, check, old)
+        ok, seen = holds(kernel, check, old, just_written=True)
     except (errors.TargetGone, Reused) as exc:
         if op.kind in PROCESS_KINDS:
             log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
@@ -198,7 +203,7 @@ def _restore(host: Host, op: Op, old: str, notes: list[str]) -> str | None:
         return str(exc)
     except errors.Busy as exc:
         if op.kind == "cgroup":
-            return f"{exc}; still inside: {_inside(host, op.path) or 'child cgroups'}"
+            return f"{exc}; still inside: {_inside(kernel, op.path) or 'child cgroups'}"
         return str(exc)
     except errors.GputunedError as exc:
         return str(exc)
@@ -243,10 +248,12 @@ def _placements(entries: list[Entry]) -> dict[int, _Placed]:
     return out
 
 
-def _sweep(host: Host, placed: dict[int, _Placed], mount: str | None, report: RevertReport) -> None:
+def _sweep(
+    kernel: Kernel, placed: dict[int, _Placed], mount: str | None, report: RevertReport
+) -> None:
     """Step 2: unjournaled descendants of placed processes get their ancestor's originals."""
     try:
-        procs = {p.pid: p for p in iter_processes(host, brief=True)}
+        procs = {p.pid: p for p in iter_processes(kernel, brief=True)}
     except errors.GputunedError as exc:
         report.failed.append({"target": "processes started by placed ones", "error": str(exc)})
         return
@@ -269,29 +276,29 @@ def _sweep(host: Host, placed: dict[int, _Placed], mount: str | None, report: Re
             if own is not None and own.start == procs[pid].start_time:
                 queue.append((pid, own))  # journaled itself: restored in step 1
                 continue
-            _give_back(host, pid, procs[pid].start_time, source, mount, None, report)
+            _give_back(kernel, pid, procs[pid].start_time, source, mount, None, report)
             queue.append((pid, source))
 
 
 def _evacuate(
-    host: Host, made: list[str], placed: dict[int, _Placed], mount: str, report: RevertReport
+    kernel: Kernel, made: list[str], placed: dict[int, _Placed], mount: str, report: RevertReport
 ) -> None:
     """Step 3: nothing may stay in the cgroups gputuned made when they are taken apart."""
     for path in made:
-        if not host.is_dir(path) or not path.startswith(mount + "/"):
+        if not kernel.is_dir(path) or not path.startswith(mount + "/"):
             continue
         rel = "/" + path[len(mount) :].strip("/")
         parent = rel.rsplit("/", 1)[0] or "/"
-        for pid in _procs_below(host, path):
+        for pid in _procs_below(kernel, path):
             try:
-                start, _ppid, comm, _k = read_identity(host, pid)
+                start, _ppid, comm, _k = read_identity(kernel, pid)
             except errors.TargetGone:
                 continue
             own = placed.get(pid)
             source = own if own is not None and own.start == start else None
-            source = source or _placed_ancestor(host, pid, placed)
-            fallback = nearest_cgroup(host, mount, parent)
-            _give_back(host, pid, start, source, mount, (fallback, rel), report)
+            source = source or _placed_ancestor(kernel, pid, placed)
+            fallback = nearest_cgroup(kernel, mount, parent)
+            _give_back(kernel, pid, start, source, mount, (fallback, rel), report)
             if source is None:
                 report.notes.append(
                     f"pid {pid} ({comm}) was still in {rel}, not placed by gputuned and started "
@@ -300,7 +307,7 @@ def _evacuate(
 
 
 def _give_back(
-    host: Host,
+    kernel: Kernel,
     pid: int,
     start: int,
     source: _Placed | None,
@@ -312,7 +319,7 @@ def _give_back(
     ``source`` was given. ``evacuate`` = (fallback cgroup, gputuned's cgroup): it must leave
     that cgroup whatever it shows. ``mount``: the cgroup v2 mount."""
     try:
-        proc = read_process(host, pid)
+        proc = read_process(kernel, pid)
     except errors.GputunedError:
         return  # exited, or not ours to read
     if proc.start_time != start:
@@ -323,7 +330,7 @@ def _give_back(
     dest = None
     cg = source.original.get("cgroup") if source is not None else None
     if source is not None and cg is not None and proc.cgroup in source.given["cgroup"]:
-        dest = nearest_cgroup(host, source.mount or mount or "", cg)
+        dest = nearest_cgroup(kernel, source.mount or mount or "", cg)
     if evacuate is not None and (dest is None or dest == evacuate[1]):
         dest = evacuate[0]
     if dest is not None and dest != proc.cgroup and mount is not None:
@@ -339,7 +346,7 @@ def _give_back(
                     _op(target, attr, pid, start, source.original[attr], tid=t.tid, mount=mount)
                 )
     for op in ops:
-        err = _restore(host, op, op.value, report.notes)
+        err = _restore(kernel, op, op.value, report.notes)
         if err is None:
             report.restored.append({"target": op.target, "value": op.value})
         else:
@@ -388,11 +395,11 @@ def _shows(attr: str, now: str, given: set[str]) -> bool:
     return bool(got) and got <= union
 
 
-def _placed_ancestor(host: Host, pid: int, placed: dict[int, _Placed]) -> _Placed | None:
+def _placed_ancestor(kernel: Kernel, pid: int, placed: dict[int, _Placed]) -> _Placed | None:
     """The nearest ancestor of ``pid`` that gputuned journaled (by parent PID and start time)."""
     for _ in range(_MAX_DEPTH):
         try:
-            _start, ppid, _comm, _k = read_identity(host, pid)
+            _start, ppid, _comm, _k = read_identity(kernel, pid)
         except errors.GputunedError:
             return None
         if ppid <= 1:
@@ -400,7 +407,7 @@ def _placed_ancestor(host: Host, pid: int, placed: dict[int, _Placed]) -> _Place
         pl = placed.get(ppid)
         if pl is not None:
             try:
-                if read_identity(host, ppid)[0] == pl.start:
+                if read_identity(kernel, ppid)[0] == pl.start:
                     return pl
             except errors.GputunedError:
                 return None
@@ -408,25 +415,25 @@ def _placed_ancestor(host: Host, pid: int, placed: dict[int, _Placed]) -> _Place
     return None
 
 
-def _procs_below(host: Host, path: str) -> list[int]:
+def _procs_below(kernel: Kernel, path: str) -> list[int]:
     """PIDs in cgroup ``path`` and every cgroup below it."""
     out: list[int] = []
     todo = [path]
     while todo:
         cg = todo.pop()
-        text = host.read_optional(f"{cg}/cgroup.procs") or ""
+        text = kernel.read_optional(f"{cg}/cgroup.procs") or ""
         out += [int(p) for p in text.split() if p.isdigit()]
         with contextlib.suppress(errors.GputunedError):
-            todo += [f"{cg}/{n}" for n in host.listdir(cg) if host.is_dir(f"{cg}/{n}")]
+            todo += [f"{cg}/{n}" for n in kernel.listdir(cg) if kernel.is_dir(f"{cg}/{n}")]
     return out
 
 
-def _inside(host: Host, path: str) -> str:
+def _inside(kernel: Kernel, path: str) -> str:
     """What keeps cgroup ``path`` busy, for the error message: its processes by PID and name."""
     names = []
-    for pid in _procs_below(host, path)[:8]:
+    for pid in _procs_below(kernel, path)[:8]:
         try:
-            names.append(f"pid {pid} ({read_identity(host, pid)[2]})")
+            names.append(f"pid {pid} ({read_identity(kernel, pid)[2]})")
         except errors.GputunedError:
             names.append(f"pid {pid}")
     return ", ".join(names)

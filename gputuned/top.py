@@ -21,9 +21,9 @@ from typing import Any, TextIO
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist
-from gputuned.host import Host
 from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.sampling import IrqCounts, ProcSample, read_irq_counts, sample_process
+from gputuned.kernel import Kernel
 from gputuned.textsafe import printable
 
 #: Commands gputuned itself runs under; never watched as a server.
@@ -73,14 +73,14 @@ class Targets:
         return {"pid": 0, "daemon": 1, "rules": RESCAN_EVERY}[self.mode]
 
 
-def find_targets(host: Host, pids: list[int]) -> Targets:
+def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
     """The processes to watch."""
     if pids:
         return Targets([Target(p, "--pid") for p in pids], "processes named with --pid", "pid")
     from gputuned.host.control import daemon_running, request
 
-    if daemon_running(host):
-        st = request(host, {"cmd": "top"})
+    if daemon_running(kernel):
+        st = request(kernel, {"cmd": "top"})
         registered = {int(k): str(v) for k, v in st.get("registered", {}).items()}
         out = [Target(p, "placed") for p in st.get("placed", []) if p not in registered]
         out += [Target(p, f"registered (rule {r})") for p, r in sorted(registered.items())]
@@ -90,18 +90,18 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
             f"processes the gputuned daemon placed ({profile})",
             "daemon",
         )
-    return _rule_targets(host)
+    return _rule_targets(kernel)
 
 
-def _rule_targets(host: Host) -> Targets:
+def _rule_targets(kernel: Kernel) -> Targets:
     from gputuned.apply import read_active
     from gputuned.engine import journal_originals
-    from gputuned.host.proc import ProcInfo, iter_processes, read_process, user_id
+    from gputuned.host.proc import ProcInfo, iter_processes, read_process
     from gputuned.host.state import ACTIVE
     from gputuned.profile import parse_profile
     from gputuned.tuners.proctree import ClaimInput, claim, journal_key
 
-    active = read_active(host)
+    active = read_active(kernel)
     if active is None:
         raise errors.GputunedError(
             "no gputuned daemon runs and no profile is applied here: name the processes to "
@@ -111,18 +111,18 @@ def _rule_targets(host: Host) -> Targets:
     rules = profile.process
     gpu_pids: dict[int, frozenset[int]] = {}
     if any(r.match.uses_gpu is not None for r in rules):
-        gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(host) or []}
-    uids = {r.match.user: user_id(host, r.match.user) for r in rules if r.match.user}
-    original = journal_originals(host, None)
+        gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(kernel) or []}
+    uids = {r.match.user: kernel.user_id(r.match.user) for r in rules if r.match.user}
+    original = journal_originals(kernel, None)
 
     def load(pid: int) -> ProcInfo | None:
         try:
-            return read_process(host, pid, threads=False, owner=True)
+            return read_process(kernel, pid, threads=False, owner=True)
         except (errors.TargetGone, errors.PermissionDenied):
             return None
 
     claims = claim(
-        iter_processes(host, brief=True),
+        iter_processes(kernel, brief=True),
         ClaimInput(
             rules,
             gpu_pids,
@@ -143,7 +143,7 @@ def _rule_targets(host: Host) -> Targets:
 
 
 def take_snapshot(
-    host: Host,
+    kernel: Kernel,
     targets: list[Target],
     *,
     nvml: bool = True,
@@ -152,14 +152,14 @@ def take_snapshot(
     procs = {}
     for t in targets:
         try:
-            procs[t.pid] = sample_process(host, t.pid)
+            procs[t.pid] = sample_process(kernel, t.pid)
         except (errors.TargetGone, errors.PermissionDenied):
             continue  # exited, or not ours to read: left out of this refresh
     try:
-        irqs: IrqCounts | None = read_irq_counts(host)
+        irqs: IrqCounts | None = read_irq_counts(kernel)
     except errors.HostError:
         irqs = None
-    return Snapshot(clock(), procs, irqs, read_gpus(host) if nvml else None)
+    return Snapshot(clock(), procs, irqs, read_gpus(kernel) if nvml else None)
 
 
 def _per_s(delta: float, seconds: float) -> float:
@@ -293,7 +293,7 @@ def render(rows: list[Row], snap: Snapshot, where: str) -> Any:
 
 
 def run_top(
-    host: Host,
+    kernel: Kernel,
     *,
     pids: list[int],
     once: bool,
@@ -307,8 +307,8 @@ def run_top(
     if interval <= 0:
         raise errors.GputunedError(f"--interval must be above 0 seconds, not {interval:g}")
     stream = out if out is not None else sys.stdout
-    targets = find_targets(host, pids)
-    prev = take_snapshot(host, targets.procs, clock=clock)
+    targets = find_targets(kernel, pids)
+    prev = take_snapshot(kernel, targets.procs, clock=clock)
     live = None
     if not as_json and not once:
         from rich.live import Live
@@ -322,7 +322,7 @@ def run_top(
         while True:
             sleep(interval)
             n += 1
-            cur = take_snapshot(host, targets.procs, clock=clock)
+            cur = take_snapshot(kernel, targets.procs, clock=clock)
             rows = compute_rows(prev, cur, targets.procs)
             if as_json:
                 doc = to_json(rows, cur, targets.where)
@@ -338,10 +338,10 @@ def run_top(
                 return 0
             if targets.refresh_every and n % targets.refresh_every == 0:
                 # Servers start and exit: look again; a newcomer gets its rate next time.
-                targets = find_targets(host, pids)
+                targets = find_targets(kernel, pids)
                 added = [t for t in targets.procs if t.pid not in cur.procs]
                 if added:
-                    extra = take_snapshot(host, added, nvml=False, clock=clock).procs
+                    extra = take_snapshot(kernel, added, nvml=False, clock=clock).procs
                     cur = replace(cur, procs={**cur.procs, **extra})
             prev = cur
     finally:

@@ -1,6 +1,6 @@
 """Plain data about the host's CPUs and GPUs, as the profile layer needs it.
 
-Built by :func:`gputuned.host.system.read_host_cpus` from a :class:`~gputuned.host.Host`;
+Built by :func:`gputuned.host.system.read_host_cpus` through the kernel port;
 profiles resolve named CPU sets against it without touching the machine.
 
 A *core* here is one physical core: its SMT siblings, as the kernel lists them in

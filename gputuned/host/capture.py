@@ -1,6 +1,6 @@
 """``gputunectl capture DIR``: copy what gputuned reads from a host into a tree ``--root`` accepts.
 
-The layout is described in docs/trees.md. Captures read through :class:`Host`, so capturing a
+The layout is described in docs/trees.md. Captures read through the kernel port, so capturing a
 tree into another tree works too (tests use that to check capture is complete).
 """
 
@@ -18,10 +18,11 @@ from pathlib import Path
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist
-from gputuned.host.fs import TREE_META, Host
 from gputuned.host.mounts import CGROUP_FEATURES, MOUNTINFO
 from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.pci import ASPM_POLICY, DEVICES
+from gputuned.kernel import Kernel
+from gputuned.kernel.port import TREE_META
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def _open_destination(dest: Path) -> _Writer:
 
 
 def capture(
-    host: Host,
+    kernel: Kernel,
     dest: Path,
     *,
     probe_writes: bool = False,
@@ -155,13 +156,13 @@ def capture(
     """
     w = _open_destination(dest)
     try:
-        return _capture_into(host, w, dest, probe_writes, stable, progress)
+        return _capture_into(kernel, w, dest, probe_writes, stable, progress)
     finally:
         w.close()
 
 
 def _capture_into(
-    host: Host,
+    kernel: Kernel,
     w: _Writer,
     dest: Path,
     probe_writes: bool,
@@ -170,49 +171,47 @@ def _capture_into(
 ) -> dict[str, object]:
     say = progress or (lambda _msg: None)
     # Refusals the source already knows (a tree's recorded write_errors) carry over.
-    write_errors = {
-        f.path: E.errorcode[f.errno] for f in host.faults if f.op == "write" and f.recorded
-    }
+    write_errors = {path: E.errorcode[code] for path, code in kernel.recorded_refusals.items()}
 
     say("PCI devices")
-    _capture_pci(host, w)
+    _capture_pci(kernel, w)
     say("IRQs")
-    _copy(host, w, "/proc/cmdline")
-    _copy(host, w, "/proc/mounts", _filter_mounts)
-    _copy(host, w, MOUNTINFO, _filter_mountinfo)
-    _copy(host, w, "/proc/interrupts", _zero_counts if stable else None)
-    _copy(host, w, "/proc/irq/default_smp_affinity")
-    for irq in sorted((n for n in _list(host, "/proc/irq") if n.isdigit()), key=int):
+    _copy(kernel, w, "/proc/cmdline")
+    _copy(kernel, w, "/proc/mounts", _filter_mounts)
+    _copy(kernel, w, MOUNTINFO, _filter_mountinfo)
+    _copy(kernel, w, "/proc/interrupts", _zero_counts if stable else None)
+    _copy(kernel, w, "/proc/irq/default_smp_affinity")
+    for irq in sorted((n for n in _list(kernel, "/proc/irq") if n.isdigit()), key=int):
         for f in _IRQ_FILES:
             if not (stable and f == "effective_affinity_list"):
-                _copy(host, w, f"/proc/irq/{irq}/{f}")
+                _copy(kernel, w, f"/proc/irq/{irq}/{f}")
         if probe_writes:
-            _probe(host, f"/proc/irq/{irq}/smp_affinity_list", write_errors)
+            _probe(kernel, f"/proc/irq/{irq}/smp_affinity_list", write_errors)
     say("CPUs and NUMA")
     for f in _CPU_FILES:
-        _copy(host, w, f"/sys/devices/system/cpu/{f}")
-    _copy(host, w, "/sys/devices/system/node/online")
-    for node in _list(host, "/sys/devices/system/node"):
+        _copy(kernel, w, f"/sys/devices/system/cpu/{f}")
+    _copy(kernel, w, "/sys/devices/system/node/online")
+    for node in _list(kernel, "/sys/devices/system/node"):
         if re.fullmatch(r"node\d+", node):
-            _copy(host, w, f"/sys/devices/system/node/{node}/cpulist")
+            _copy(kernel, w, f"/sys/devices/system/node/{node}/cpulist")
     # SMT siblings and package ids: CPU sets take whole cores (gputuned.topology).
-    for cpu in _list(host, "/sys/devices/system/cpu"):
+    for cpu in _list(kernel, "/sys/devices/system/cpu"):
         if re.fullmatch(r"cpu\d+", cpu):
-            for f in _list(host, f"/sys/devices/system/cpu/{cpu}/topology"):
-                _copy(host, w, f"/sys/devices/system/cpu/{cpu}/topology/{f}")
+            for f in _list(kernel, f"/sys/devices/system/cpu/{cpu}/topology"):
+                _copy(kernel, w, f"/sys/devices/system/cpu/{cpu}/topology/{f}")
     say("ASPM policy")
-    _copy(host, w, ASPM_POLICY)
-    if probe_writes and host.exists(ASPM_POLICY):
-        _probe(host, ASPM_POLICY, write_errors, policy=True)
+    _copy(kernel, w, ASPM_POLICY)
+    if probe_writes and kernel.exists(ASPM_POLICY):
+        _probe(kernel, ASPM_POLICY, write_errors, policy=True)
     say("cgroups")
-    _copy(host, w, CGROUP_FEATURES)
-    _capture_cgroups(host, w, "/sys/fs/cgroup", 0)
+    _copy(kernel, w, CGROUP_FEATURES)
+    _capture_cgroups(kernel, w, "/sys/fs/cgroup", 0)
 
-    nvml = read_gpus(host)
+    nvml = read_gpus(kernel)
     meta: dict[str, object] = {
         "name": "capture" if stable else dest.name,
         "source": "capture",
-        "note": f"captured by gputunectl capture from {host.root}",
+        "note": f"captured by gputunectl capture from {kernel.root}",
         "write_errors": write_errors,
     }
     if nvml is not None:
@@ -232,18 +231,18 @@ def _nvml_entry(g: NvmlGpu, stable: bool) -> dict[str, object]:
     return entry
 
 
-def _list(host: Host, hpath: str) -> list[str]:
+def _list(kernel: Kernel, hpath: str) -> list[str]:
     try:
-        return host.listdir(hpath)
+        return kernel.listdir(hpath)
     except errors.HostError:
         return []
 
 
 def _copy(
-    host: Host, w: _Writer, hpath: str, transform: Callable[[bytes], bytes] | None = None
+    kernel: Kernel, w: _Writer, hpath: str, transform: Callable[[bytes], bytes] | None = None
 ) -> None:
     try:
-        data = host.read_bytes(hpath)
+        data = kernel.read_bytes(hpath)
     except errors.HostError as exc:
         log.debug("capture: skip %s: %s", hpath, exc)
         return
@@ -270,43 +269,43 @@ def _filter_mountinfo(data: bytes) -> bytes:
     return ("\n".join(keep) + "\n").encode() if keep else b""
 
 
-def _capture_pci(host: Host, w: _Writer) -> None:
-    for bdf in _list(host, DEVICES):
-        real = host.resolve(f"{DEVICES}/{bdf}")
+def _capture_pci(kernel: Kernel, w: _Writer) -> None:
+    for bdf in _list(kernel, DEVICES):
+        real = kernel.resolve(f"{DEVICES}/{bdf}")
         w.link(f"{DEVICES}/{bdf}", os.path.relpath(real, DEVICES))
-        _copy(host, w, f"{real}/config")
+        _copy(kernel, w, f"{real}/config")
         for attr in _PCI_ATTRS:
-            _copy(host, w, f"{real}/{attr}")
-        for irq in _list(host, f"{real}/msi_irqs"):
-            _copy(host, w, f"{real}/msi_irqs/{irq}")
-        for f in _list(host, f"{real}/link"):
-            _copy(host, w, f"{real}/link/{f}")
-        if host.exists(f"{real}/driver"):
-            drv = host.resolve(f"{real}/driver")
+            _copy(kernel, w, f"{real}/{attr}")
+        for irq in _list(kernel, f"{real}/msi_irqs"):
+            _copy(kernel, w, f"{real}/msi_irqs/{irq}")
+        for f in _list(kernel, f"{real}/link"):
+            _copy(kernel, w, f"{real}/link/{f}")
+        if kernel.exists(f"{real}/driver"):
+            drv = kernel.resolve(f"{real}/driver")
             w.mkdir(drv)  # the link must resolve inside the tree, as it does on the host
             w.link(f"{real}/driver", os.path.relpath(drv, real))
 
 
-def _capture_cgroups(host: Host, w: _Writer, hpath: str, depth: int) -> None:
-    names = _list(host, hpath)
+def _capture_cgroups(kernel: Kernel, w: _Writer, hpath: str, depth: int) -> None:
+    names = _list(kernel, hpath)
     for f in _CGROUP_FILES:
         if f in names:
-            _copy(host, w, f"{hpath}/{f}")
+            _copy(kernel, w, f"{hpath}/{f}")
     if depth >= _CGROUP_DEPTH:
         return
     for name in names:
         sub = f"{hpath}/{name}"
-        if host.is_dir(sub) and not host.path(sub).is_symlink():
-            _capture_cgroups(host, w, sub, depth + 1)
+        if kernel.is_dir(sub) and not kernel.is_link(sub):
+            _capture_cgroups(kernel, w, sub, depth + 1)
 
 
-def _probe(host: Host, hpath: str, found: dict[str, str], *, policy: bool = False) -> None:
+def _probe(kernel: Kernel, hpath: str, found: dict[str, str], *, policy: bool = False) -> None:
     try:
-        value = host.read_value(hpath)
+        value = kernel.read_value(hpath)
         if policy:
             m = re.search(r"\[(\w+)\]", value)
             value = m.group(1) if m else value
-        host.write_text(hpath, value)
+        kernel.write_text(hpath, value)
     except errors.HostError as exc:
         if exc.errno in (E.EPERM, E.EIO, E.EACCES, E.EINVAL):
             found[hpath] = E.errorcode[exc.errno]

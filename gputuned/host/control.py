@@ -1,7 +1,7 @@
 """The daemon's control socket: the server ``gputuned`` runs (the protocol and who may send what:
 :mod:`gputuned.host.controlproto`; the client ``gputunectl`` uses: :mod:`gputuned.host.controlclient`).
 
-- A Unix stream socket, by default ``/run/gputuned/control.sock`` under the Host's root.
+- A Unix stream socket, by default ``/run/gputuned/control.sock`` under the kernel's root.
 - The socket file is mode 0600, or 0660 and owned by the group when a control or admin group
   is configured (then its directory also gets search permission, ``--x``, for everyone, or the
   mode would never be reached; /run/gputuned is 0700 otherwise, and gets its mode back when
@@ -57,9 +57,10 @@ from gputuned.host.controlproto import (
     peer_allowed,
     proc_groups,
 )
-from gputuned.host.fs import Host, translate
 from gputuned.host.sockserve import Client, StreamServer
 from gputuned.host.state import ensure_dir
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
 
 __all__ = [
     "CHANGING", "CONTROL_SOCKET", "IDLE_TIMEOUT_S", "MAX_CLIENTS", "MAX_LINE", "PER_USER",
@@ -105,7 +106,7 @@ class ControlServer(StreamServer):
 
     def __init__(
         self,
-        host: Host,
+        kernel: Kernel,
         handler: Handler,
         *,
         group: str | None = None,
@@ -114,10 +115,10 @@ class ControlServer(StreamServer):
         groups_of: GroupsOf | None = None,
         peer_of: PeerOf | None = None,
     ) -> None:
-        self.host = host
+        self.kernel = kernel
         self.path = path
         self.group = group
-        self._real = host.real(path)
+        self._real = str(kernel.path(path))
         self._handler = handler
         self.access = Access(
             _group_gid(group, "control_group") if group is not None else None,
@@ -125,7 +126,7 @@ class ControlServer(StreamServer):
             group,
             admin_group,
         )
-        self._groups_of: GroupsOf = groups_of or (lambda cred: proc_groups(host, cred))
+        self._groups_of: GroupsOf = groups_of or (lambda cred: proc_groups(kernel, cred))
         self._peer_of = peer_of or peercred
         self._dir_mode: int | None = None  # the mode /run/gputuned had before search was added
         sock, self._ident = self._listen()
@@ -270,7 +271,7 @@ class ControlServer(StreamServer):
 
     def _listen(self) -> tuple[socket.socket, tuple[int, int]]:
         parent = self.path.rsplit("/", 1)[0] or "/"
-        ensure_dir(self.host, parent)
+        ensure_dir(self.kernel, parent)
         _remove_stale(self._real, self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -308,7 +309,7 @@ class ControlServer(StreamServer):
             return
         os.chown(self._real, -1, gid)
         os.chmod(self._real, 0o660)
-        self._dir_mode = _open_for_search(self.host.real(parent), parent)
+        self._dir_mode = _open_for_search(str(self.kernel.path(parent)), parent)
 
 
 def _mode_error(exc: OSError, hpath: str) -> errors.HostError:

@@ -18,7 +18,8 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.host.controlproto import PROTOCOL_VERSION, PeerCred, encode
-from gputuned.host.fs import Host, translate
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
 
 CONTROL_SOCKET = "/run/gputuned/control.sock"
 _PROBE_TIMEOUT_S = 2.0
@@ -59,7 +60,7 @@ def probe(real: str) -> int:
 
 
 def request(
-    host: Host,
+    kernel: Kernel,
     message: dict[str, Any],
     *,
     timeout: float = 30.0,
@@ -76,7 +77,7 @@ def request(
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
-            via_short_path(host.real(path), s.connect)
+            via_short_path(str(kernel.path(path)), s.connect)
             # A refused client is hung up on at once: its reason is still there to be read.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 s.sendall(line)
@@ -93,14 +94,14 @@ def request(
     return _parse_response(reply, path)
 
 
-def daemon_running(host: Host, path: str = CONTROL_SOCKET) -> bool:
+def daemon_running(kernel: Kernel, path: str = CONTROL_SOCKET) -> bool:
     """True when a daemon answers on the control socket.
 
     Also True when the socket exists but its mode keeps this user out: a non-root user cannot
     tell a live daemon from a stale file then, and must be told to use root either way.
     """
     try:
-        probe(host.real(path))
+        probe(str(kernel.path(path)))
     except TimeoutError:
         return True  # its queue is full: alive, busy
     except OSError as exc:

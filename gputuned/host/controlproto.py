@@ -19,7 +19,7 @@ Who may send what (issue 14, finding 7)
 Checked on every connection from ``SO_PEERCRED`` (unix(7): the peer's pid, euid and egid at
 connect time), not only by the file mode. Root (uid 0) may connect; so may members of
 ``[daemon] control_group`` and of ``[daemon] admin_group`` (primary group, or the supplementary
-groups on the ``Groups:`` line of ``/proc/<pid>/status``, read through the Host). Commands come in
+groups on the ``Groups:`` line of ``/proc/<pid>/status``, read through the kernel port). Commands come in
 two kinds:
 
 - read-only (:data:`READ_ONLY`: ``status``, ``verify``, ``top``): every peer allowed to connect;
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputuned import errors
-from gputuned.host.fs import Host
+from gputuned.kernel import Kernel
+from gputuned.kernel.procfs import parse_status
 
 PROTOCOL_VERSION = 1
 #: Longest request line, without its newline.
@@ -72,20 +73,17 @@ class BadRequest(errors.GputunedError):
     """A request line that is not a request; the message says what to send instead."""
 
 
-def proc_groups(host: Host, cred: PeerCred) -> frozenset[int]:
-    """The peer's supplementary groups from ``/proc/<pid>/status``, read through ``host``.
+def proc_groups(kernel: Kernel, cred: PeerCred) -> frozenset[int]:
+    """The peer's supplementary groups from ``/proc/<pid>/status``, read through ``kernel``.
 
     Empty when the process is gone, or when its effective uid is no longer the one it connected
     with: its PID may have been reused by another process, whose groups prove nothing.
     """
     try:
-        status = host.read_text(f"/proc/{cred.pid}/status")
+        status = kernel.read_text(f"/proc/{cred.pid}/status")
     except errors.HostError:
         return frozenset()
-    fields: dict[str, str] = {}
-    for line in status.splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value
+    fields = parse_status(status)
     uids = fields.get("Uid", "").split()  # real, effective, saved, filesystem
     if len(uids) < 2 or uids[1] != str(cred.uid):
         return frozenset()

@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputuned import errors
-from gputuned.host.fs import translate
 from gputuned.host.sockdiag import tcp_owner
 from gputuned.host.sockserve import Client, StreamServer
 from gputuned.host.users import GroupCache
+from gputuned.kernel.oserrors import translate
 
 log = logging.getLogger(__name__)
 

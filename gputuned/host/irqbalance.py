@@ -23,18 +23,18 @@ import socket
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_mask
-from gputuned.host.fs import Host, WriteRecord
+from gputuned.kernel import Kernel
 
 SOCKET_DIR = "/run/irqbalance"
 _TIMEOUT_S = 2.0
 _MAX_REPLY = 1 << 16
 
 
-def _address(host: Host, pid: int) -> str:
+def _address(kernel: Kernel, pid: int) -> str:
     hpath = f"{SOCKET_DIR}/irqbalance{pid}.sock"
-    if host.exists(hpath):
-        return host.real(hpath)
-    if host.live:
+    if kernel.exists(hpath):
+        return str(kernel.path(hpath))
+    if kernel.abstract_sockets:
         return f"\0irqbalance{pid}.sock"
     raise errors.TargetGone(f"irqbalance {pid}: no control socket at {hpath}", path=hpath)
 
@@ -53,10 +53,10 @@ def _connect(s: socket.socket, addr: str) -> None:
         os.close(fd)
 
 
-def request(host: Host, pid: int, message: str) -> str:
+def request(kernel: Kernel, pid: int, message: str) -> str:
     """Send one command; return the reply (empty for commands that have none)."""
     where = f"irqbalance {pid} socket"
-    addr = _address(host, pid)
+    addr = _address(kernel, pid)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(_TIMEOUT_S)
@@ -79,23 +79,21 @@ def request(host: Host, pid: int, message: str) -> str:
         if exc.errno in (E.ECONNREFUSED, E.ENOENT):
             raise errors.TargetGone(f"{where}: gone ({exc.strerror}); irqbalance exited") from exc
         raise errors.HostError(f"{where}: {exc.strerror or exc}", errno=exc.errno) from exc
-    if message.startswith("settings"):
-        host.writes.append(WriteRecord(f"irqbalance:{pid}", message.encode()))
     return b"".join(chunks).decode(errors="replace")
 
 
-def read_settings(host: Host, pid: int) -> tuple[frozenset[int], tuple[int, ...]]:
+def read_settings(kernel: Kernel, pid: int) -> tuple[frozenset[int], tuple[int, ...]]:
     """(banned CPUs, IRQs banned through the socket) as irqbalance reports them."""
-    reply = request(host, pid, "setup")
+    reply = request(kernel, pid, "setup")
     m = re.search(r"BANNED\s+([0-9a-fA-F,]+)", reply)
     banned = parse_mask(m.group(1)) if m else frozenset()
     irqs = tuple(sorted(int(n) for n in re.findall(r"IRQ\s+(\d+)", reply)))
     return banned, irqs
 
 
-def ban_cpus(host: Host, pid: int, cpus: frozenset[int]) -> None:
-    request(host, pid, f"settings cpus {format_cpulist(cpus) if cpus else 'NULL'}")
+def ban_cpus(kernel: Kernel, pid: int, cpus: frozenset[int]) -> None:
+    request(kernel, pid, f"settings cpus {format_cpulist(cpus) if cpus else 'NULL'}")
 
 
-def ban_irqs(host: Host, pid: int, irqs: tuple[int, ...]) -> None:
-    request(host, pid, "settings ban irqs " + (" ".join(map(str, irqs)) if irqs else "NONE"))
+def ban_irqs(kernel: Kernel, pid: int, irqs: tuple[int, ...]) -> None:
+    request(kernel, pid, "settings ban irqs " + (" ".join(map(str, irqs)) if irqs else "NONE"))

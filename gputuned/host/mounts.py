@@ -1,12 +1,12 @@
-"""Mounts: read /proc/self/mountinfo, and give a mounted filesystem other super options.
+"""Mounts: read /proc/self/mountinfo, and build the mount(2) call that gives a mounted
+filesystem other super options.
 
 The one mount gputuned changes is the cgroup v2 hierarchy's, for ``favordynmods``
-(:mod:`gputuned.tuners.cpuset`). :meth:`~gputuned.host.fs.Host.remount` is the public door; this
-module is its mechanism for both kinds of Host:
-
-- live: ``mount(2)`` with ``MS_REMOUNT`` through libc (no shell, no mount(8)).
-- tree: :meth:`gputuned.host.treekernel.TreeKernel.remount` rewrites the tree's mountinfo line
-  (and its /proc/mounts line) as the kernel would show them after the same call.
+(:mod:`gputuned.tuners.cpuset`). The kernel port's ``remount`` is the public door
+(:meth:`gputuned.kernel.base.KernelBase.start_remount`); it finds the mount and builds the
+call here, then makes it: ``mount(2)`` with ``MS_REMOUNT`` through libc on the machine
+(:mod:`gputuned.kernel.live`), a rewrite of the tree's mountinfo and /proc/mounts lines as the
+kernel would show them after the same call on a tree (:mod:`gputuned.sim.mounts`).
 
 Why the call is built the way it is (fs/namespace.c ``path_mount()`` and ``do_remount()``): a
 remount without ``MS_BIND`` replaces *both* the superblock's options and the mount's own flags
@@ -22,19 +22,15 @@ be remounted this way without changing one of them: refused.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno as E
-import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputuned import errors
 
 if TYPE_CHECKING:
-    from gputuned.host.fs import Host
+    from gputuned.kernel import Kernel
 
 MOUNTINFO = "/proc/self/mountinfo"
 #: cgroup v2 features of the running kernel, one a line (kernel/cgroup/cgroup.c features_show()).
@@ -105,11 +101,11 @@ def parse_line(line: str) -> Mount | None:
     return Mount(unescape(head[4]), tuple(head[5].split(",")), tail[0], unescape(tail[1]), tail[2])
 
 
-def find(host: Host, point: str, fstype: str) -> Mount:
+def find(kernel: Kernel, point: str, fstype: str) -> Mount:
     """The mount at ``point`` of type ``fstype`` that path lookup reaches (the last one listed:
     a later mount on the same point covers the earlier). TargetGone when there is none."""
     try:
-        text = host.read_text(MOUNTINFO)
+        text = kernel.read_text(MOUNTINFO)
     except errors.TargetGone as exc:
         raise errors.TargetGone(
             f"read {MOUNTINFO}: not there; a tree needs proc/self/mountinfo "
@@ -163,41 +159,3 @@ def remount_call(mount: Mount, super_options: str) -> tuple[int, str]:
         flags |= MOUNT_FLAGS.get(opt, 0)
     data = ",".join(o for o in super_options.split(",") if o and o not in ("rw", "ro"))
     return flags, data
-
-
-def remount(host: Host, point: str, fstype: str, super_options: str) -> None:
-    """Remount ``point`` with exactly ``super_options``, keeping the mount's own flags.
-
-    Raises OSError (translated by Host) with a reason where the kernel refuses.
-    """
-    mount = find(host, point, fstype)
-    flags, data = remount_call(mount, super_options)
-    if not host.live:
-        from gputuned.host.treekernel import TreeKernel
-
-        TreeKernel(host.root).remount(point, flags, data)
-        return
-    _mount(mount.source, point, fstype, flags, data)
-
-
-def _mount(source: str, point: str, fstype: str, flags: int, data: str) -> None:
-    sys.audit("gputuned.host.mount", point, fstype, flags, data)  # tests/unit's guard sees it
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-    libc.mount.restype = ctypes.c_int
-    rc = libc.mount(source.encode(), point.encode(), fstype.encode(), flags, data.encode() or None)
-    if rc == 0:
-        return
-    code = ctypes.get_errno()
-    reason = os.strerror(code)
-    if code == E.EINVAL:
-        # fs_parse() refuses an option the filesystem does not know (cgroup2_parse_param()).
-        reason = f"the kernel does not take {fstype} options {data!r}: one is unknown to it" + (
-            f" (those it has are listed in {CGROUP_FEATURES})" if fstype == "cgroup2" else ""
-        )
-    elif code == E.EPERM:
-        reason = (
-            "mount(2) needs CAP_SYS_ADMIN, and a seccomp filter (systemd SystemCallFilter=) "
-            "or an LSM may refuse it"
-        )
-    raise OSError(code, reason)

@@ -26,7 +26,6 @@ class Notifier:
     def __init__(self) -> None:
         addr = os.environ.get("NOTIFY_SOCKET", "")
         self.addr = "\0" + addr[1:] if addr.startswith("@") else addr
-        self.sent: list[str] = []  # kept for status and tests
 
     @property
     def enabled(self) -> bool:
@@ -34,7 +33,6 @@ class Notifier:
 
     def send(self, *fields: str) -> None:
         msg = "\n".join(fields)
-        self.sent.append(msg)
         if not self.addr:
             return
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputuned.cpulist import CpuListError, parse_cpulist
-from gputuned.host.fs import Host
+from gputuned.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,14 @@ def _saved_affinity(value: object) -> frozenset[int] | None:
         return None
 
 
-def read_gpus(host: Host) -> list[NvmlGpu] | None:
+def read_gpus(kernel: Kernel) -> list[NvmlGpu] | None:
     """GPUs as NVML sees them, or ``None`` when NVML is unavailable.
 
     On a tree, what NVML said at capture time (``nvml`` in gputuned-tree.json), if anything.
     """
-    if not host.live:
-        saved = host.meta.get("nvml")
-        if not isinstance(saved, list):
+    if not kernel.nvml:
+        saved = kernel.recorded_nvml
+        if saved is None:
             return None
         return [
             NvmlGpu(
@@ -85,7 +85,7 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
     except Exception as exc:  # pynvml raises NVMLError subclasses for every cause
         log.debug("nvml: not available: %s", exc)
         return None
-    possible = host.read_optional("/sys/devices/system/cpu/possible")
+    possible = kernel.read_optional("/sys/devices/system/cpu/possible")
     nr_cpus = max(parse_cpulist(possible), default=1023) + 1 if possible else 1024
     try:
         out = []

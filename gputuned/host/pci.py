@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host.fs import Host
 from gputuned.host.pciconfig import (
     MPS_CONTROL,
     MPS_SUPPORTED,
@@ -22,6 +21,7 @@ from gputuned.host.pciconfig import (
     parse_config,
     read_registers,
 )
+from gputuned.kernel import Kernel
 
 DEVICES = "/sys/bus/pci/devices"
 ASPM_POLICY = "/sys/module/pcie_aspm/parameters/policy"
@@ -178,7 +178,7 @@ def _min_mps(devices: list[PciDevice]) -> int | None:
     return min(c for c in caps if c is not None)
 
 
-def scan(host: Host, *, gpu_trees_only: bool = False) -> PciTopology:
+def scan(kernel: Kernel, *, gpu_trees_only: bool = False) -> PciTopology:
     """Read every PCI function under /sys/bus/pci/devices.
 
     ``gpu_trees_only``: only the functions under a GPU's root port (the GPU, its path and
@@ -188,15 +188,15 @@ def scan(host: Host, *, gpu_trees_only: bool = False) -> PciTopology:
     """
     devices: dict[str, PciDevice] = {}
     try:
-        names = [n for n in host.listdir(DEVICES) if _BDF.match(n)]
+        names = [n for n in kernel.listdir(DEVICES) if _BDF.match(n)]
     except errors.TargetGone:
         return PciTopology({})
     if gpu_trees_only:
-        paths = {bdf: host.resolve(f"{DEVICES}/{bdf}") for bdf in names}
-        roots = {_root_port(paths[b]) for b in names if _is_gpu_by_attrs(host, paths[b])}
+        paths = {bdf: kernel.resolve(f"{DEVICES}/{bdf}") for bdf in names}
+        roots = {_root_port(paths[b]) for b in names if _is_gpu_by_attrs(kernel, paths[b])}
         names = [b for b in names if _root_port(paths[b]) in roots]
     for bdf in names:
-        devices[bdf] = _read_device(host, bdf)
+        devices[bdf] = _read_device(kernel, bdf)
     return PciTopology(devices)
 
 
@@ -205,30 +205,30 @@ def _root_port(sysfs: str) -> str:
     return next((p for p in sysfs.split("/") if _BDF.match(p)), sysfs)
 
 
-def _is_gpu_by_attrs(host: Host, sysfs: str) -> bool:
-    cls = host.read_optional(f"{sysfs}/class") or "0"
-    vendor = host.read_optional(f"{sysfs}/vendor") or "0"
+def _is_gpu_by_attrs(kernel: Kernel, sysfs: str) -> bool:
+    cls = kernel.read_optional(f"{sysfs}/class") or "0"
+    vendor = kernel.read_optional(f"{sysfs}/vendor") or "0"
     return (int(cls, 16) >> 16) == 0x03 and int(vendor, 16) in GPU_VENDORS
 
 
-def _read_device(host: Host, bdf: str) -> PciDevice:
-    sysfs = host.resolve(f"{DEVICES}/{bdf}")
+def _read_device(kernel: Kernel, bdf: str) -> PciDevice:
+    sysfs = kernel.resolve(f"{DEVICES}/{bdf}")
     # Only the registers gputuned decodes, all in the standard 256 bytes: each dword read is a
     # config cycle, which under PCIe passthrough traps to the hypervisor (read_registers).
     config = parse_config(
-        read_registers(lambda off, size: host.read_bytes(f"{sysfs}/config", off, size))
+        read_registers(lambda off, size: kernel.read_bytes(f"{sysfs}/config", off, size))
     )
     parts = sysfs.split("/")
     parent = parts[-2] if len(parts) >= 2 and _BDF.match(parts[-2]) else None
-    numa_raw = host.read_optional(f"{sysfs}/numa_node")
+    numa_raw = kernel.read_optional(f"{sysfs}/numa_node")
     numa = int(numa_raw) if numa_raw is not None and int(numa_raw) >= 0 else None
-    local_raw = host.read_optional(f"{sysfs}/local_cpulist")
+    local_raw = kernel.read_optional(f"{sysfs}/local_cpulist")
     driver = None
-    if host.exists(f"{sysfs}/driver"):
-        driver = host.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
+    if kernel.exists(f"{sysfs}/driver"):
+        driver = kernel.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
     ids = None
     if config.state == NOT_RESPONDING:
-        ids = _sysfs_ids(host, sysfs)
+        ids = _sysfs_ids(kernel, sysfs)
     return PciDevice(
         bdf=bdf,
         sysfs=sysfs,
@@ -237,44 +237,44 @@ def _read_device(host: Host, bdf: str) -> PciDevice:
         local_cpus=parse_cpulist(local_raw) if local_raw is not None else None,
         parent=parent,
         driver=driver,
-        irqs=tuple(read_irq(host, n) for n in _msi_irqs(host, sysfs)),
-        link_aspm=_link_files(host, sysfs),
+        irqs=tuple(read_irq(kernel, n) for n in _msi_irqs(kernel, sysfs)),
+        link_aspm=_link_files(kernel, sysfs),
         sysfs_ids=ids,
     )
 
 
-def _sysfs_ids(host: Host, sysfs: str) -> tuple[int, int, int] | None:
+def _sysfs_ids(kernel: Kernel, sysfs: str) -> tuple[int, int, int] | None:
     """vendor, device and class as the kernel cached them at enumeration (sysfs attributes)."""
-    vals = [host.read_optional(f"{sysfs}/{a}") for a in ("vendor", "device", "class")]
+    vals = [kernel.read_optional(f"{sysfs}/{a}") for a in ("vendor", "device", "class")]
     try:
         return (int(vals[0] or "", 16), int(vals[1] or "", 16), int(vals[2] or "", 16))
     except ValueError:
         return None
 
 
-def _msi_irqs(host: Host, sysfs: str) -> list[int]:
-    if not host.is_dir(f"{sysfs}/msi_irqs"):
+def _msi_irqs(kernel: Kernel, sysfs: str) -> list[int]:
+    if not kernel.is_dir(f"{sysfs}/msi_irqs"):
         return []
-    return sorted(int(n) for n in host.listdir(f"{sysfs}/msi_irqs") if n.isdigit())
+    return sorted(int(n) for n in kernel.listdir(f"{sysfs}/msi_irqs") if n.isdigit())
 
 
-def _link_files(host: Host, sysfs: str) -> dict[str, str]:
+def _link_files(kernel: Kernel, sysfs: str) -> dict[str, str]:
     link = f"{sysfs}/link"
-    if not host.is_dir(link):
+    if not kernel.is_dir(link):
         return {}
     out = {}
-    for name in host.listdir(link):
+    for name in kernel.listdir(link):
         if name in LINK_ASPM_FILES:
-            out[name] = host.read_value(f"{link}/{name}")
+            out[name] = kernel.read_value(f"{link}/{name}")
     return out
 
 
-def read_irq(host: Host, irq: int) -> IrqInfo:
-    raw = host.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
+def read_irq(kernel: Kernel, irq: int) -> IrqInfo:
+    raw = kernel.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
     return IrqInfo(irq, parse_cpulist(raw) if raw is not None else None)
 
 
-def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
+def read_aspm_policy(kernel: Kernel, topo: PciTopology, cmdline: str) -> AspmPolicy:
     """The ASPM policy and, from what can be read, whether the OS may change it and why not.
 
     The kernel refuses policy writes with EPERM when ``aspm_disabled`` is set: firmware kept
@@ -286,7 +286,7 @@ def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
     Where reading cannot tell, ``writable`` is None and apply's write decides. On a tree, the
     error recorded at capture time stands in for the kernel's answer.
     """
-    raw = host.read_optional(ASPM_POLICY)
+    raw = kernel.read_optional(ASPM_POLICY)
     if raw is None:
         return AspmPolicy(
             None, (), False, "this kernel has no PCIe ASPM support (CONFIG_PCIEASPM off)"
@@ -297,7 +297,7 @@ def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
     args = cmdline.split()
     if "pcie_aspm=off" in args:
         return AspmPolicy(value, choices, False, "pcie_aspm=off on the kernel command line")
-    if any(f.path == ASPM_POLICY and f.op == "write" and f.recorded for f in host.faults):
+    if ASPM_POLICY in kernel.recorded_refusals:
         return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
     if any(d.link_aspm for d in topo.devices.values()):
         return AspmPolicy(
@@ -321,5 +321,5 @@ _UNKNOWN_REASON = (
 )
 
 
-def read_cmdline(host: Host) -> str:
-    return host.read_optional("/proc/cmdline") or ""
+def read_cmdline(kernel: Kernel) -> str:
+    return kernel.read_optional("/proc/cmdline") or ""

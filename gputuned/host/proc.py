@@ -1,4 +1,5 @@
-"""Processes and threads read from /proc/PID (proc(5)), through Host so trees can hold them."""
+"""Processes and threads read from /proc/PID (proc(5)), through the kernel port so trees can
+hold them; the formats are parsed by :mod:`gputuned.kernel.procfs`."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ from dataclasses import dataclass
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host.fs import Host
+from gputuned.kernel import Kernel
+from gputuned.kernel.procfs import (
+    NICE,
+    POLICY,
+    RT_PRIORITY,
+    cgroup_path,
+    parse_stat,
+    parse_status,
+)
 
 #: sched policies by number (include/uapi/linux/sched.h SCHED_*).
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
-#: include/linux/sched.h: the flags field (9) of /proc/PID/stat for a kernel thread.
-PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -40,37 +47,32 @@ class ProcInfo:
     uid: int | None = None
     euid: int | None = None
     #: A kernel thread (PF_KTHREAD): never a server, never to be registered.
-    kernel: bool = False
+    kernel_thread: bool = False
     #: Read with ``brief``: exe, cgroup (and the user IDs) were not read.
     brief: bool = False
 
 
-def list_pids(host: Host) -> list[int]:
-    return sorted(int(n) for n in host.listdir("/proc") if n.isdigit())
+def list_pids(kernel: Kernel) -> list[int]:
+    return sorted(int(n) for n in kernel.listdir("/proc") if n.isdigit())
 
 
-def _stat_fields(text: str) -> tuple[str, list[str]]:
-    # comm is in parentheses and may itself contain spaces and ')': split at the last ')'.
-    head, _, rest = text.rpartition(")")
-    return head.partition("(")[2], rest.split()
-
-
-def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
+def read_thread(kernel: Kernel, base: str, tid: int) -> ThreadInfo:
     """One thread from ``base`` = /proc/PID/task/TID."""
-    comm, f = _stat_fields(host.read_text(f"{base}/stat"))
-    # After comm, fields are numbered from 3 (state): nice is field 19, rt_priority 40, policy 41.
-    nice, rt_prio, policy = int(f[19 - 3]), int(f[40 - 3]), int(f[41 - 3])
-    allowed = ""
-    for line in host.read_text(f"{base}/status").splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            allowed = line.split(":", 1)[1]
+    st = parse_stat(kernel.read_text(f"{base}/stat"))
+    policy = st.field(POLICY)
+    allowed = parse_status(kernel.read_text(f"{base}/status")).get("Cpus_allowed_list", "")
     return ThreadInfo(
-        tid, comm, nice, POLICIES.get(policy, str(policy)), rt_prio, parse_cpulist(allowed)
+        tid,
+        st.comm,
+        st.field(NICE),
+        POLICIES.get(policy, str(policy)),
+        st.field(RT_PRIORITY),
+        parse_cpulist(allowed),
     )
 
 
 def read_process(
-    host: Host, pid: int, *, threads: bool = True, brief: bool = False, owner: bool = False
+    kernel: Kernel, pid: int, *, threads: bool = True, brief: bool = False, owner: bool = False
 ) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
@@ -79,90 +81,64 @@ def read_process(
     ``owner`` also reads the user IDs (one more file, /proc/PID/status).
     """
     base = f"/proc/{pid}"
-    comm, f = _stat_fields(host.read_text(f"{base}/stat"))
-    start = int(f[22 - 3])
+    st = parse_stat(kernel.read_text(f"{base}/stat"))
     uid = euid = None
     if owner:
-        uid, euid = read_uids(host, pid)
+        uid, euid = read_uids(kernel, pid)
     exe: str | None = None
     cgroup = ""
     if not brief:
         try:
-            exe = host.readlink(f"{base}/exe")
+            exe = kernel.readlink(f"{base}/exe")
         except errors.HostError:
             exe = None  # kernel threads have no exe; another user's needs privilege
-        for line in host.read_text(f"{base}/cgroup").splitlines():
-            if line.startswith("0::"):
-                cgroup = line[3:]
-    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
+        cgroup = cgroup_path(kernel.read_text(f"{base}/cgroup")) or ""
+    cmdline = kernel.read_text(f"{base}/cmdline").replace("\0", " ").strip()
     found = []
     if threads:
-        for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):
+        for tid in sorted(int(t) for t in kernel.listdir(f"{base}/task") if t.isdigit()):
             try:
-                found.append(read_thread(host, f"{base}/task/{tid}", tid))
+                found.append(read_thread(kernel, f"{base}/task/{tid}", tid))
             except errors.TargetGone:
                 continue  # the thread exited between listing and reading
     return ProcInfo(
         pid,
-        start,
-        comm,
+        st.start_time,
+        st.comm,
         exe,
         cmdline,
         cgroup,
         tuple(found),
-        ppid=int(f[4 - 3]),
+        ppid=st.ppid,
         uid=uid,
         euid=euid,
-        kernel=bool(int(f[9 - 3]) & PF_KTHREAD),
+        kernel_thread=st.kernel_thread,
         brief=brief,
     )
 
 
-def read_uids(host: Host, pid: int) -> tuple[int | None, int | None]:
+def read_uids(kernel: Kernel, pid: int) -> tuple[int | None, int | None]:
     """Real and effective user ID of a process (proc(5) status, "Uid:" real effective saved fs)."""
-    for line in host.read_text(f"/proc/{pid}/status").splitlines():
-        if line.startswith("Uid:"):
-            ids = line.split()[1:3]
-            if len(ids) == 2 and all(i.isdigit() for i in ids):
-                return int(ids[0]), int(ids[1])
+    ids = parse_status(kernel.read_text(f"/proc/{pid}/status")).get("Uid", "").split()[:2]
+    if len(ids) == 2 and all(i.isdigit() for i in ids):
+        return int(ids[0]), int(ids[1])
     return None, None
 
 
-def read_identity(host: Host, pid: int) -> tuple[int, int, str, bool]:
+def read_identity(kernel: Kernel, pid: int) -> tuple[int, int, str, bool]:
     """(start time, parent PID, comm, kernel thread) of ``pid`` from one read of its stat."""
-    comm, f = _stat_fields(host.read_text(f"/proc/{pid}/stat"))
-    return int(f[22 - 3]), int(f[4 - 3]), comm, bool(int(f[9 - 3]) & PF_KTHREAD)
+    st = parse_stat(kernel.read_text(f"/proc/{pid}/stat"))
+    return st.start_time, st.ppid, st.comm, st.kernel_thread
 
 
 def iter_processes(
-    host: Host, *, threads: bool = False, brief: bool = False, owner: bool = False
+    kernel: Kernel, *, threads: bool = False, brief: bool = False, owner: bool = False
 ) -> list[ProcInfo]:
     """Every process readable now (without threads unless asked); exiting ones are skipped."""
     out = []
-    for pid in list_pids(host):
+    for pid in list_pids(kernel):
         try:
-            out.append(read_process(host, pid, threads=threads, brief=brief, owner=owner))
+            out.append(read_process(kernel, pid, threads=threads, brief=brief, owner=owner))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     return out
-
-
-def user_id(host: Host, name: str) -> int | None:
-    """The user ID of account ``name``, None when the host has no such account.
-
-    The machine asks the system's user database (NSS: /etc/passwd, LDAP, ...); a tree has only
-    its /etc/passwd (passwd(5): name:password:UID:GID:...).
-    """
-    if host.live:
-        import pwd
-
-        try:
-            return pwd.getpwnam(name).pw_uid
-        except KeyError:
-            return None
-    text = host.read_optional("/etc/passwd") or ""
-    for line in text.splitlines():
-        fields = line.split(":")
-        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
-            return int(fields[2])
-    return None

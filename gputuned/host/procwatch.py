@@ -8,13 +8,13 @@ behind one interface, :class:`ProcWatcher`:
   ``CN_IDX_PROC`` multicast group receives one message per fork, exec and exit, in well under a
   millisecond, and nothing is missed unless the receive buffer overflows.
 - :class:`PollingWatcher`, a diff of /proc every ``interval`` seconds, read through
-  :class:`~gputuned.host.fs.Host` so that it runs on trees too. It is the fallback where the
+  the kernel port so that it runs on trees too. It is the fallback where the
   connector is refused (older kernels want CAP_NET_ADMIN; a process outside the initial PID or
   user namespace is ignored by ``cn_proc_mcast_ctl``) and the only source on a tree.
 
 Use::
 
-    watcher = open_watcher(host)       # first, so nothing that starts during the scan is lost
+    watcher = open_watcher(kernel)     # first, so nothing that starts during the scan is lost
     scan_everything()
     while True:
         select([watcher] if watcher.fileno() >= 0 else [], [], [], watcher.timeout)
@@ -39,7 +39,9 @@ from types import TracebackType
 from typing import Self
 
 from gputuned import errors
-from gputuned.host.fs import Host, translate
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
+from gputuned.kernel.procfs import NUM_THREADS, parse_stat
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,6 @@ _IDS = struct.Struct("=ii")  # process_pid process_tgid: exec, sid, and the star
 _EXIT = struct.Struct("=iiIIii")  # process_pid process_tgid exit_code exit_signal parent_pid/tgid
 _COMM = struct.Struct("=ii16s")
 _ACK = struct.Struct("=I")
-
-_PF_KTHREAD = 0x00200000  # include/linux/sched.h: the flags field of /proc/PID/stat
 
 
 # ---- events ----------------------------------------------------------------------------------
@@ -421,7 +421,7 @@ class _Seen:
 
 
 class PollingWatcher(ProcWatcher):
-    """Events from a diff of /proc every ``interval`` seconds, through ``host``.
+    """Events from a diff of /proc every ``interval`` seconds, through ``kernel``.
 
     ``fileno()`` is -1: wait :attr:`timeout` seconds, then :meth:`read` scans (before that it
     returns nothing); :meth:`scan` scans now. The first scan happens at construction and yields
@@ -447,10 +447,10 @@ class PollingWatcher(ProcWatcher):
 
     mode = "polling"
 
-    def __init__(self, host: Host, *, interval: float = 1.0) -> None:
+    def __init__(self, kernel: Kernel, *, interval: float = 1.0) -> None:
         if interval <= 0:
             raise ValueError(f"poll interval must be positive, not {interval}")
-        self.host = host
+        self.kernel = kernel
         self.interval = interval
         #: Seconds the latest scan took.
         self.last_scan_s = 0.0
@@ -486,7 +486,7 @@ class PollingWatcher(ProcWatcher):
 
     def _snapshot(self) -> dict[int, _Seen]:
         seen: dict[int, _Seen] = {}
-        for name in self.host.listdir("/proc"):
+        for name in self.kernel.listdir("/proc"):
             if not name.isdigit():
                 continue
             pid = int(name)
@@ -499,19 +499,15 @@ class PollingWatcher(ProcWatcher):
         return seen
 
     def _read(self, pid: int) -> _Seen | None:
-        text = self.host.read_text(f"/proc/{pid}/stat")
-        # proc(5): "pid (comm) state ppid ..."; comm may hold spaces and ')', so split at the last.
-        head, _, rest = text.rpartition(")")
-        f = rest.split()  # f[0] is field 3 (state): field N is f[N - 3]
-        state, ppid, flags, nthreads, start = f[0], int(f[1]), int(f[6]), int(f[17]), int(f[19])
-        if state == "X" or (state == "Z" and nthreads <= 1):
+        st = parse_stat(self.kernel.read_text(f"/proc/{pid}/stat"))
+        if st.state == "X" or (st.state == "Z" and st.field(NUM_THREADS) <= 1):
             return None
-        if flags & _PF_KTHREAD:
+        if st.kernel_thread:
             tids = frozenset((pid,))
         else:
-            listing = self.host.listdir(f"/proc/{pid}/task")
+            listing = self.kernel.listdir(f"/proc/{pid}/task")
             tids = frozenset(int(t) for t in listing if t.isdigit())
-        return _Seen(start, head.partition("(")[2], ppid, tids)
+        return _Seen(st.start_time, st.comm, st.ppid, tids)
 
 
 def _diff(old: dict[int, _Seen], new: dict[int, _Seen]) -> list[ProcEvent]:
@@ -535,15 +531,15 @@ def _diff(old: dict[int, _Seen], new: dict[int, _Seen]) -> list[ProcEvent]:
     return out
 
 
-def open_watcher(host: Host, *, poll_interval: float = 1.0) -> ProcWatcher:
-    """The best watcher for ``host``: the proc connector on the live machine, else polling.
+def open_watcher(kernel: Kernel, *, poll_interval: float = 1.0) -> ProcWatcher:
+    """The best watcher for ``kernel``: the proc connector where it has one, else polling.
 
-    On a tree (``host.live`` is False) polling over the tree's /proc, so tests drive it by adding
+    On a tree (no ``proc_connector``) polling over the tree's /proc, so tests drive it by adding
     and removing /proc/PID directories. On the live machine a refused connector is logged once,
     with the reason, and polling every ``poll_interval`` seconds takes over.
     """
-    if not host.live:
-        return PollingWatcher(host, interval=poll_interval)
+    if not kernel.proc_connector:
+        return PollingWatcher(kernel, interval=poll_interval)
     try:
         return NetlinkWatcher()
     except errors.HostError as exc:
@@ -552,4 +548,4 @@ def open_watcher(host: Host, *, poll_interval: float = 1.0) -> ProcWatcher:
             poll_interval,
             exc,
         )
-    return PollingWatcher(host, interval=poll_interval)
+    return PollingWatcher(kernel, interval=poll_interval)

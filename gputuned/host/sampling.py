@@ -1,7 +1,7 @@
 """Counters for watching processes: scheduler delay, context switches, IRQs per CPU.
 
 The figures behind ``gputunectl top``, the daemon's metrics and the benchmarks, read through
-:class:`Host` so that trees can hold them:
+the kernel port so that trees can hold them:
 
 - ``/proc/PID/task/TID/schedstat``: three numbers (fs/proc/base.c proc_pid_schedstat):
   nanoseconds on a CPU, nanoseconds waiting on a run queue while runnable, and the number of
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host.fs import Host
-from gputuned.host.proc import _stat_fields
+from gputuned.kernel import Kernel
+from gputuned.kernel.procfs import NICE, STIME, UTIME, parse_stat, parse_status
 
 
 @dataclass(frozen=True)
@@ -74,27 +74,19 @@ class IrqCounts:
         return sum(self.device.get(c, 0) for c in cpus)
 
 
-def read_schedstat(host: Host, hpath: str) -> tuple[int, int] | None:
+def read_schedstat(kernel: Kernel, hpath: str) -> tuple[int, int] | None:
     """(ns on CPU, ns waiting on a run queue) from a schedstat file; None when absent."""
-    raw = host.read_optional(hpath)
+    raw = kernel.read_optional(hpath)
     if raw is None:
         return None
     fields = raw.split()
     return int(fields[0]), int(fields[1])
 
 
-def _status_fields(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        out[key] = value.strip()
-    return out
-
-
-def read_thread_sample(host: Host, pid: int, tid: int) -> ThreadSample:
+def read_thread_sample(kernel: Kernel, pid: int, tid: int) -> ThreadSample:
     base = f"/proc/{pid}/task/{tid}"
-    status = _status_fields(host.read_text(f"{base}/status"))
-    sched = read_schedstat(host, f"{base}/schedstat")
+    status = parse_status(kernel.read_text(f"{base}/status"))
+    sched = read_schedstat(kernel, f"{base}/schedstat")
     return ThreadSample(
         tid,
         sched[0] if sched else None,
@@ -105,36 +97,35 @@ def read_thread_sample(host: Host, pid: int, tid: int) -> ThreadSample:
     )
 
 
-def sample_process(host: Host, pid: int) -> ProcSample:
+def sample_process(kernel: Kernel, pid: int) -> ProcSample:
     """Counters of ``pid`` and all its threads; :class:`TargetGone` if it has exited."""
-    comm, f = _stat_fields(host.read_text(f"/proc/{pid}/stat"))
-    # Fields counted from 3 (state) after comm: utime 14, stime 15, nice 19, starttime 22.
+    st = parse_stat(kernel.read_text(f"/proc/{pid}/stat"))
     threads = []
-    for name in host.listdir(f"/proc/{pid}/task"):
+    for name in kernel.listdir(f"/proc/{pid}/task"):
         if not name.isdigit():
             continue
         try:
-            threads.append(read_thread_sample(host, pid, int(name)))
+            threads.append(read_thread_sample(kernel, pid, int(name)))
         except errors.TargetGone:
             continue  # the thread exited between listing and reading
     return ProcSample(
         pid,
-        int(f[22 - 3]),
-        comm,
-        int(f[19 - 3]),
-        int(f[14 - 3]),
-        int(f[15 - 3]),
+        st.start_time,
+        st.comm,
+        st.field(NICE),
+        st.field(UTIME),
+        st.field(STIME),
         tuple(sorted(threads, key=lambda t: t.tid)),
     )
 
 
-def read_irq_counts(host: Host) -> IrqCounts:
+def read_irq_counts(kernel: Kernel) -> IrqCounts:
     """Per-CPU totals of /proc/interrupts (kernel/irq/proc.c show_interrupts, arch_show_interrupts).
 
     Lighter than :func:`gputuned.host.system.read_interrupts`, which also reads every IRQ's
     affinity: this runs once a second.
     """
-    lines = host.read_text("/proc/interrupts").splitlines()
+    lines = kernel.read_text("/proc/interrupts").splitlines()
     if not lines:
         return IrqCounts({}, {})
     cpus = [int(h[3:]) for h in lines[0].split() if h.startswith("CPU") and h[3:].isdigit()]

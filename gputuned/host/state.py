@@ -15,8 +15,9 @@ import stat
 from dataclasses import dataclass
 
 from gputuned import errors
-from gputuned.host.fs import Host, translate
-from gputuned.host.sysinstall import install_file, remove_file
+from gputuned.host.sysinstall import fsync_dir, install_file, remove_file
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
 
 RUN_DIR = "/run/gputuned"
 ETC_DIR = "/etc/gputuned"
@@ -27,23 +28,24 @@ ACTIVE = f"{ETC_DIR}/active.json"
 GRUB_DROPIN = "/etc/default/grub.d/gputuned.cfg"
 
 
-def ensure_dir(host: Host, hpath: str, mode: int = 0o700) -> None:
-    real = host.path(hpath)
+def ensure_dir(kernel: Kernel, hpath: str, mode: int = 0o700) -> None:
+    real = kernel.path(hpath)
     try:
         real.mkdir(mode=mode, parents=True, exist_ok=True)
     except OSError as exc:
         raise translate(exc, "create directory", hpath) from exc
 
 
-def check_private(host: Host, hpath: str) -> None:
+def check_private(kernel: Kernel, hpath: str) -> None:
     """Refuse state files others could have written: they decide what gputuned writes as root."""
     try:
-        st = os.lstat(host.path(hpath))
+        st = os.lstat(kernel.path(hpath))
     except FileNotFoundError:
         return
     except OSError as exc:
         raise translate(exc, "stat", hpath) from exc
-    if stat.S_ISLNK(st.st_mode) or st.st_mode & 0o022 or (host.live and st.st_uid != 0):
+    owner = kernel.trusted_uid
+    if stat.S_ISLNK(st.st_mode) or st.st_mode & 0o022 or (owner is not None and st.st_uid != owner):
         raise errors.PermissionDenied(
             f"{hpath} is a link, or writable by others, or not owned by root; gputuned will not "
             "trust it: check who made it, then remove it",
@@ -52,7 +54,7 @@ def check_private(host: Host, hpath: str) -> None:
         )
 
 
-def check_state_files(host: Host) -> None:
+def check_state_files(kernel: Kernel) -> None:
     """Refuse, before anything is planned or written, state files others could have written.
 
     apply appends to the journal before every write and records state.json and active.json
@@ -60,18 +62,18 @@ def check_state_files(host: Host) -> None:
     tuned the host.
     """
     for hpath in (JOURNAL, STATE, ACTIVE):
-        check_private(host, hpath)
+        check_private(kernel, hpath)
 
 
-def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+def append_durable(kernel: Kernel, hpath: str, line: bytes, *, sync: bool = True) -> None:
     """Append one line and fsync it (and the directory when the file is new).
 
     ``sync=False`` is for records whose loss is harmless (the journal's "drop": replaying a
     restore that already happened finds the value in place and writes nothing).
     """
-    ensure_dir(host, hpath.rsplit("/", 1)[0])
-    check_private(host, hpath)
-    real = host.path(hpath)
+    ensure_dir(kernel, hpath.rsplit("/", 1)[0])
+    check_private(kernel, hpath)
+    real = kernel.path(hpath)
     new = not real.exists()
     try:
         fd = os.open(real, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -90,51 +92,43 @@ def append_durable(host: Host, hpath: str, line: bytes, *, sync: bool = True) ->
         finally:
             os.close(fd)
         if new:
-            _fsync_dir(real.parent)
+            fsync_dir(real.parent)
     except OSError as exc:
         raise translate(exc, "append to", hpath) from exc
 
 
-def replace_durable(host: Host, hpath: str, data: bytes, mode: int = 0o600) -> None:
+def replace_durable(kernel: Kernel, hpath: str, data: bytes, mode: int = 0o600) -> None:
     """Write a whole file atomically (sysinstall.install_file: temporary beside it, every byte
     written, fsync, rename, fsync the directory), in a private directory, if it is trusted."""
-    ensure_dir(host, hpath.rsplit("/", 1)[0])
-    check_private(host, hpath)
-    install_file(host, hpath, data, mode)
+    ensure_dir(kernel, hpath.rsplit("/", 1)[0])
+    check_private(kernel, hpath)
+    install_file(kernel, hpath, data, mode)
 
 
-def remove(host: Host, hpath: str) -> None:
-    remove_file(host, hpath)
+def remove(kernel: Kernel, hpath: str) -> None:
+    remove_file(kernel, hpath)
 
 
-def read_optional_bytes(host: Host, hpath: str) -> bytes | None:
-    check_private(host, hpath)
+def read_optional_bytes(kernel: Kernel, hpath: str) -> bytes | None:
+    check_private(kernel, hpath)
     try:
-        return host.path(hpath).read_bytes()
+        return kernel.path(hpath).read_bytes()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise translate(exc, "read", hpath) from exc
 
 
-def _fsync_dir(path: os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class HostLock:
     """One apply or revert at a time per host: an exclusive flock on /run/gputuned/lock."""
 
-    host: Host
+    kernel: Kernel
     fd: int = -1
 
     def __enter__(self) -> HostLock:
-        ensure_dir(self.host, RUN_DIR)
-        real = self.host.path(LOCK)
+        ensure_dir(self.kernel, RUN_DIR)
+        real = self.kernel.path(LOCK)
         try:
             self.fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:

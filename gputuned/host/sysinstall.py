@@ -1,7 +1,7 @@
 """The machine side of ``gputunectl install-system``: package data, files, and systemd's tools.
 
 Kept here because :mod:`gputuned.install` decides *what* to install and may not touch the
-machine itself: every file it reads or writes goes through a :class:`Host` (so ``--prefix DIR``
+machine itself: every file it reads or writes goes through the kernel port's root (so ``--prefix DIR``
 installs into a tree exactly as ``/`` would), and the programs it runs go through
 :func:`run_tool`.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputuned import errors
-from gputuned.host.fs import Host, translate
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
 
 #: sd_booted(3): PID 1 is systemd exactly when this directory exists.
 SYSTEMD_RUNTIME = "/run/systemd/system"
@@ -63,9 +64,9 @@ def which(name: str) -> str | None:
     return shutil.which(name)
 
 
-def sha256_of(host: Host, hpath: str) -> str | None:
+def sha256_of(kernel: Kernel, hpath: str) -> str | None:
     """SHA-256 of a file's bytes (a link is followed), or ``None`` when there is none."""
-    real = host.path(hpath)
+    real = kernel.path(hpath)
     try:
         with open(real, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
@@ -75,12 +76,12 @@ def sha256_of(host: Host, hpath: str) -> str | None:
         raise translate(exc, "read", hpath) from exc
 
 
-def install_file(host: Host, hpath: str, data: bytes, mode: int = 0o644) -> None:
+def install_file(kernel: Kernel, hpath: str, data: bytes, mode: int = 0o644) -> None:
     """Replace ``hpath`` atomically: a temporary file beside it, fsync, rename, fsync the folder.
 
     Missing parent folders are made with mode 0755 (readable, like /etc itself).
     """
-    real = host.path(hpath)
+    real = kernel.path(hpath)
     tmp = real.with_name(f".{real.name}.gputuned-install")
     try:
         _makedirs(real.parent)
@@ -95,23 +96,23 @@ def install_file(host: Host, hpath: str, data: bytes, mode: int = 0o644) -> None
         finally:
             os.close(fd)
         os.replace(tmp, real)
-        _fsync_dir(real.parent)
+        fsync_dir(real.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise translate(exc, "install", hpath) from exc
 
 
-def remove_file(host: Host, hpath: str) -> None:
+def remove_file(kernel: Kernel, hpath: str) -> None:
     try:
-        host.path(hpath).unlink(missing_ok=True)
+        kernel.path(hpath).unlink(missing_ok=True)
     except OSError as exc:
         raise translate(exc, "remove", hpath) from exc
 
 
-def remove_dir_if_empty(host: Host, hpath: str) -> bool:
+def remove_dir_if_empty(kernel: Kernel, hpath: str) -> bool:
     """Remove a folder if it is empty; ``False`` (and no error) when it is not, or is gone."""
     try:
-        os.rmdir(host.path(hpath))
+        os.rmdir(kernel.path(hpath))
     except FileNotFoundError:
         return False
     except OSError as exc:
@@ -121,13 +122,13 @@ def remove_dir_if_empty(host: Host, hpath: str) -> bool:
     return True
 
 
-def systemd_booted(host: Host) -> bool:
+def systemd_booted(kernel: Kernel) -> bool:
     """sd_booted(3): the system was started by systemd (always ``False`` on a tree)."""
-    return host.live and host.is_dir(SYSTEMD_RUNTIME)
+    return kernel.services and kernel.is_dir(SYSTEMD_RUNTIME)
 
 
-def udevd_running(host: Host) -> bool:
-    return host.live and host.exists(UDEV_CONTROL)
+def udevd_running(kernel: Kernel) -> bool:
+    return kernel.services and kernel.exists(UDEV_CONTROL)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def _makedirs(path: Path) -> None:
     os.chmod(path, 0o755)  # noqa: S103  (like /etc itself: others read unit, rule, profiles)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync(2) a folder: a file made or renamed in it is durable only after that."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

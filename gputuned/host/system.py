@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist, parse_mask
-from gputuned.host.fs import Host
 from gputuned.host.nvml import NvmlGpu
 from gputuned.host.pci import PciTopology
+from gputuned.kernel import Kernel
 from gputuned.topology import GpuRef, HostCpus
 
 CPU_DIR = "/sys/devices/system/cpu"
@@ -18,15 +18,17 @@ PCI_DEVICES = "/sys/bus/pci/devices"
 CGROUP_MNT = "/sys/fs/cgroup"
 
 
-def read_host_cpus(host: Host, topo: PciTopology, nvml: list[NvmlGpu] | None) -> HostCpus:
+def read_host_cpus(kernel: Kernel, topo: PciTopology, nvml: list[NvmlGpu] | None) -> HostCpus:
     """Online CPUs, NUMA nodes and GPUs (NVML order when NVML answered, else BDF order)."""
-    online = parse_cpulist(host.read_value(f"{CPU_DIR}/online"))
+    online = parse_cpulist(kernel.read_value(f"{CPU_DIR}/online"))
     numa: dict[int, frozenset[int]] = {}
-    if host.is_dir(NODE_DIR):
-        for name in host.listdir(NODE_DIR):
+    if kernel.is_dir(NODE_DIR):
+        for name in kernel.listdir(NODE_DIR):
             m = re.fullmatch(r"node(\d+)", name)
             if m:
-                numa[int(m.group(1))] = parse_cpulist(host.read_value(f"{NODE_DIR}/{name}/cpulist"))
+                numa[int(m.group(1))] = parse_cpulist(
+                    kernel.read_value(f"{NODE_DIR}/{name}/cpulist")
+                )
     gpus = topo.gpus()
     names: dict[str, tuple[int, str]] = {}
     if nvml:
@@ -46,16 +48,16 @@ def read_host_cpus(host: Host, topo: PciTopology, nvml: list[NvmlGpu] | None) ->
         online=online,
         numa=numa,
         gpus=refs,
-        smt=read_smt(host, online),
-        isolated=parse_cpulist(host.read_optional(f"{CPU_DIR}/isolated") or ""),
+        smt=read_smt(kernel, online),
+        isolated=parse_cpulist(kernel.read_optional(f"{CPU_DIR}/isolated") or ""),
         # Without nohz_full= on the command line the file reads "(null)" (kernel 6.12).
         nohz_full=parse_cpulist(
-            (host.read_optional(f"{CPU_DIR}/nohz_full") or "").replace("(null)", "")
+            (kernel.read_optional(f"{CPU_DIR}/nohz_full") or "").replace("(null)", "")
         ),
     )
 
 
-def read_smt(host: Host, online: frozenset[int]) -> tuple[frozenset[int], ...]:
+def read_smt(kernel: Kernel, online: frozenset[int]) -> tuple[frozenset[int], ...]:
     """Each core's CPUs, from ``cpuN/topology/thread_siblings_list`` (drivers/base/topology.c).
 
     One read per core: a CPU already listed as a sibling is not read again. Empty when no CPU
@@ -66,7 +68,7 @@ def read_smt(host: Host, online: frozenset[int]) -> tuple[frozenset[int], ...]:
     for cpu in sorted(online):
         if cpu in seen:
             continue
-        raw = host.read_optional(f"{CPU_DIR}/cpu{cpu}/topology/thread_siblings_list")
+        raw = kernel.read_optional(f"{CPU_DIR}/cpu{cpu}/topology/thread_siblings_list")
         if raw is None:
             continue
         core = (parse_cpulist(raw) & online) | {cpu}
@@ -75,23 +77,23 @@ def read_smt(host: Host, online: frozenset[int]) -> tuple[frozenset[int], ...]:
     return tuple(cores)
 
 
-def read_irq_nodes(host: Host) -> dict[int, int]:
+def read_irq_nodes(kernel: Kernel) -> dict[int, int]:
     """IRQ number -> NUMA node of the PCI function that owns it (its MSI/MSI-X vectors in
     ``msi_irqs/`` and its INTx line in ``irq``), for functions with a node. Read from sysfs
     attributes only, without config space."""
     out: dict[int, int] = {}
     try:
-        names = host.listdir(PCI_DEVICES)
+        names = kernel.listdir(PCI_DEVICES)
     except errors.TargetGone:
         return out
     for bdf in sorted(names):
         base = f"{PCI_DEVICES}/{bdf}"
-        node = host.read_optional(f"{base}/numa_node")
+        node = kernel.read_optional(f"{base}/numa_node")
         if node is None or not node.strip().lstrip("-").isdigit() or int(node) < 0:
             continue
-        irqs = [host.read_optional(f"{base}/irq") or ""]
-        if host.is_dir(f"{base}/msi_irqs"):
-            irqs += host.listdir(f"{base}/msi_irqs")
+        irqs = [kernel.read_optional(f"{base}/irq") or ""]
+        if kernel.is_dir(f"{base}/msi_irqs"):
+            irqs += kernel.listdir(f"{base}/msi_irqs")
         for n in irqs:
             if n.strip().isdigit() and int(n) > 0:
                 out.setdefault(int(n), int(node))
@@ -109,9 +111,9 @@ class Irq:
     counts: tuple[int, ...]
 
 
-def read_interrupts(host: Host) -> list[Irq]:
+def read_interrupts(kernel: Kernel) -> list[Irq]:
     """Numbered IRQs from /proc/interrupts (kernel/irq/proc.c show_interrupts)."""
-    text = host.read_text("/proc/interrupts")
+    text = kernel.read_text("/proc/interrupts")
     lines = text.splitlines()
     if not lines:
         return []
@@ -127,13 +129,13 @@ def read_interrupts(host: Host) -> list[Irq]:
         irq = int(head)
         chip = tail[0] if tail else ""
         name = " ".join(tail[2:]) if len(tail) > 2 else ""
-        aff = host.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
+        aff = kernel.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
         out.append(Irq(irq, chip, name, parse_cpulist(aff) if aff is not None else None, counts))
     return out
 
 
-def read_default_affinity(host: Host) -> frozenset[int] | None:
-    raw = host.read_optional("/proc/irq/default_smp_affinity")
+def read_default_affinity(kernel: Kernel) -> frozenset[int] | None:
+    raw = kernel.read_optional("/proc/irq/default_smp_affinity")
     return parse_mask(raw) if raw is not None else None
 
 
@@ -164,10 +166,10 @@ class CgroupLayout:
         return "no cgroup filesystem mounted"
 
 
-def read_cgroup_layout(host: Host) -> CgroupLayout:
+def read_cgroup_layout(kernel: Kernel) -> CgroupLayout:
     """Read /proc/mounts: a cgroup2 mount at /sys/fs/cgroup is v2; v1 mounts beside it, hybrid."""
     try:
-        mounts = host.read_text("/proc/mounts").splitlines()
+        mounts = kernel.read_text("/proc/mounts").splitlines()
     except errors.TargetGone:
         mounts = []
     v1 = False
@@ -182,25 +184,36 @@ def read_cgroup_layout(host: Host) -> CgroupLayout:
             v1 = True
     if v2_mount is None:
         return CgroupLayout("v1" if v1 else "none", None, frozenset(), frozenset())
-    ctrl = host.read_optional(f"{v2_mount}/cgroup.controllers") or ""
-    sub = host.read_optional(f"{v2_mount}/cgroup.subtree_control") or ""
+    ctrl = kernel.read_optional(f"{v2_mount}/cgroup.controllers") or ""
+    sub = kernel.read_optional(f"{v2_mount}/cgroup.subtree_control") or ""
     return CgroupLayout(
         "hybrid" if v1 else "v2", v2_mount, frozenset(ctrl.split()), frozenset(sub.split())
     )
 
 
-def cgroup_cpus(host: Host, mount: str, cgroup: str) -> frozenset[int] | None:
+def cgroup_cpus(kernel: Kernel, mount: str, cgroup: str) -> frozenset[int] | None:
     """CPUs a cgroup v2 cgroup lets its tasks use: its cpuset.cpus.effective, or that of the
     nearest ancestor with one (a cgroup without the cpuset controller enabled shares its
     parent's cpuset, and has no cpuset files of its own). None without any cpuset file."""
     parts = [p for p in cgroup.split("/") if p]
     while True:
-        raw = host.read_optional("/".join([mount.rstrip("/"), *parts, "cpuset.cpus.effective"]))
+        raw = kernel.read_optional("/".join([mount.rstrip("/"), *parts, "cpuset.cpus.effective"]))
         if raw is not None:
             return parse_cpulist(raw)
         if not parts:
             return None
         parts.pop()
+
+
+def nearest_cgroup(kernel: Kernel, mount: str, cgroup: str) -> str:
+    """``cgroup`` (a path as /proc/PID/cgroup shows it) if it still exists under the cgroup v2
+    ``mount``, else its nearest existing ancestor ("/" at the end): where a process goes back
+    to when the cgroup it came from was removed meanwhile (a unit restarted, a container gone).
+    """
+    parts = [p for p in cgroup.split("/") if p]
+    while parts and not kernel.is_dir("/".join([mount, *parts])):
+        parts.pop()
+    return "/" + "/".join(parts)
 
 
 @dataclass(frozen=True)
@@ -212,7 +225,7 @@ class Partition:
     cpus: frozenset[int]
 
 
-def valid_partitions(host: Host, mount: str) -> list[Partition]:
+def valid_partitions(kernel: Kernel, mount: str) -> list[Partition]:
     """Every valid cpuset partition under the cgroup v2 mount ``mount``, with its CPUs.
 
     A partition holds its ``cpuset.cpus.exclusive.effective`` (Linux 6.7+), else (older
@@ -226,23 +239,23 @@ def valid_partitions(host: Host, mount: str) -> list[Partition]:
     while todo:
         rel = todo.pop()
         base = f"{mount}/{rel}" if rel else mount
-        if "cpuset" not in (host.read_optional(f"{base}/cgroup.subtree_control") or "").split():
+        if "cpuset" not in (kernel.read_optional(f"{base}/cgroup.subtree_control") or "").split():
             continue
         try:
-            names = host.listdir(base)
+            names = kernel.listdir(base)
         except errors.TargetGone:
             continue  # removed while we looked
         for name in names:
             path = f"{base}/{name}"
-            if not host.is_dir(path):
+            if not kernel.is_dir(path):
                 continue
             child = f"{rel}/{name}" if rel else name
             todo.append(child)
-            words = (host.read_optional(f"{path}/cpuset.cpus.partition") or "").split()
+            words = (kernel.read_optional(f"{path}/cpuset.cpus.partition") or "").split()
             if not words or words[0] not in ("root", "isolated") or "invalid" in words:
                 continue
-            held = host.read_optional(f"{path}/cpuset.cpus.exclusive.effective") or (
-                host.read_optional(f"{path}/cpuset.cpus.effective") or ""
+            held = kernel.read_optional(f"{path}/cpuset.cpus.exclusive.effective") or (
+                kernel.read_optional(f"{path}/cpuset.cpus.effective") or ""
             )
             out.append(Partition(child, words[0], parse_cpulist(held)))
     return sorted(out, key=lambda p: p.cgroup)

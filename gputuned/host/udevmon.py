@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gputuned.host.fs import Host
+from gputuned.kernel import Kernel
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ class UdevMonitor:
             )
 
 
-def open_monitor(host: Host) -> UdevMonitor | None:
+def open_monitor(kernel: Kernel) -> UdevMonitor | None:
     """A non-blocking monitor of the PCI subsystem, or None (no udev here, or a tree)."""
-    if not host.live:
+    if not kernel.udev:
         return None
     try:
         import pyudev

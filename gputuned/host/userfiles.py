@@ -1,7 +1,7 @@
 """Files a user names on the command line or in a profile (profiles and their includes).
 
 These are not part of the tuned host tree, so they are read directly rather than through
-:class:`~gputuned.host.Host` and its root; this module keeps the one ``open`` out of the
+the kernel port and its root; this module keeps the one ``open`` out of the
 profile layer, which never touches the machine itself.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from gputuned.errors import ProfileError
 
 if TYPE_CHECKING:
-    from gputuned.host.fs import Host
+    from gputuned.kernel import Kernel
 
 #: Profiles are a few KiB; anything near this is not one (a log, /proc/kcore).
 MAX_USER_FILE = 1 << 20
@@ -33,16 +33,16 @@ def is_profile_name(text: str) -> bool:
     return bool(_PROFILE_NAME.fullmatch(text))
 
 
-def named_profile(host: Host, name: str) -> Path:
+def named_profile(kernel: Kernel, name: str) -> Path:
     """The file of profile ``name`` in :data:`PROFILE_DIR`; ProfileError if there is none."""
     if not is_profile_name(name):
         msg = "not a profile name: letters, digits, '_' and '-' (and '.toml'), no directory"
         raise ProfileError(name[:80], [("", msg)])
     stem = name.removesuffix(".toml")
-    path = host.path(f"{PROFILE_DIR}/{stem}.toml")
+    path = kernel.path(f"{PROFILE_DIR}/{stem}.toml")
     if not path.is_file():
         try:
-            have = sorted(p.stem for p in host.path(PROFILE_DIR).glob("*.toml"))
+            have = sorted(p.stem for p in kernel.path(PROFILE_DIR).glob("*.toml"))
         except OSError:
             have = []
         where = f"{PROFILE_DIR}: {', '.join(have)}" if have else f"none in {PROFILE_DIR}"

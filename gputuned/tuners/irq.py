@@ -100,7 +100,7 @@ class IrqTuner:
         out = TunerPlan()
         if cfg is None:
             return out
-        known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write" and f.recorded}
+        known_bad = dict(ctx.kernel.recorded_refusals)
         names = {i.irq: i.name for i in ctx.irqs}
         # irq -> (wanted CPUs, compare mode, why). GPU vectors get exactly their CPU; any other
         # IRQ only has to stay inside the others set ("cpulist_subset").
@@ -285,7 +285,7 @@ class IrqTuner:
             )
             return
         try:
-            banned, irqs = irqbalance.read_settings(ctx.host, proc.pid)
+            banned, irqs = irqbalance.read_settings(ctx.kernel, proc.pid)
         except errors.HostError as exc:
             out.refused.append(
                 Refusal(

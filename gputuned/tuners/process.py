@@ -76,8 +76,7 @@ from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
 from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
-from gputuned.host.procctl import nearest_cgroup
-from gputuned.host.system import cgroup_cpus
+from gputuned.host.system import cgroup_cpus, nearest_cgroup
 from gputuned.tuners.proctree import (
     Claim,
     Tuned,
@@ -391,7 +390,7 @@ class ProcessTuner:
         for pid, c in claims.items():
             rule = rules[c.rule]
             try:  # the scan read no threads: read them for the processes that matter
-                full = read_process(ctx.host, pid)
+                full = read_process(ctx.kernel, pid)
             except errors.TargetGone:
                 continue  # exited since the scan
             if full.start_time != c.start:
@@ -496,7 +495,7 @@ class ProcessTuner:
             if attr == "cgroup":
                 if tuned.cgroup is not None and proc.cgroup == tuned.cgroup:
                     mount = ctx.cgroup.v2_mount or ""
-                    w.move(nearest_cgroup(ctx.host, mount, was), was)
+                    w.move(nearest_cgroup(ctx.kernel, mount, was), was)
                 continue
             now = {t.tid: current(proc, t, attr) for t in proc.threads}
             back = {tid: was for tid, v in now.items() if v != was and tuned.shows(attr, v)}
@@ -514,7 +513,7 @@ def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:
     """The CPUs a process's cgroup lets it use: cpuset.cpus.effective, else all online."""
     mount = ctx.cgroup.v2_mount
     if mount and ctx.cgroup.partitions_possible:
-        cpus = cgroup_cpus(ctx.host, mount, cgroup)
+        cpus = cgroup_cpus(ctx.kernel, mount, cgroup)
         if cpus is not None:
             return cpus
     return ctx.cpus.online

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host.proc import read_process, user_id
+from gputuned.host.proc import read_process
 
 if TYPE_CHECKING:
     from gputuned.changes import PlanContext
@@ -100,7 +100,7 @@ def owner_key(match: Match) -> str | None:
 def _cheap(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> bool:
     """The keys a brief read of /proc answers (stat and cmdline): most processes of a host
     fail these, and are never read further."""
-    if proc.kernel or (proc.exe is None and not proc.cmdline and not proc.brief):
+    if proc.kernel_thread or (proc.exe is None and not proc.cmdline and not proc.brief):
         return False
     return (
         (rule.comm is None or proc.comm == rule.comm)
@@ -127,7 +127,7 @@ def matches(
     ``cgroup``: the process's cgroup before gputuned moved it (journaled), else its own: a
     process matched by unit stays matched once it is in the partition.
     """
-    if proc.kernel or (proc.exe is None and not proc.cmdline):
+    if proc.kernel_thread or (proc.exe is None and not proc.cmdline):
         return False
     where = proc.cgroup if cgroup is None else cgroup
     want_uid = rule.uid if rule.user is None else uid
@@ -177,7 +177,7 @@ def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
     ``known`` claims) that no rule matches itself: "child", or "excluded" when the rule says
     ``children = "ignore"``, its ``exclude`` matches, or an ancestor was excluded already.
     """
-    listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel}
+    listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel_thread}
     by_name = {r.name: r for r in inp.rules}
     out: dict[int, Claim] = {}
     for pid, seen in list(listed.items()):
@@ -338,7 +338,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
             )
         name = rule.match.user
         if name is not None and name not in uids:
-            uids[name] = user_id(ctx.host, name)
+            uids[name] = ctx.kernel.user_id(name)
             if uids[name] is None:
                 notes.append(
                     f"process[{rule.name}]: this host has no account {name!r} (match.user); "
@@ -349,7 +349,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
 
     def load(pid: int) -> ProcInfo | None:
         try:
-            return read_process(ctx.host, pid, threads=False, owner=owner)
+            return read_process(ctx.kernel, pid, threads=False, owner=owner)
         except (errors.TargetGone, errors.PermissionDenied):
             return None
 

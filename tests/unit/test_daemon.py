@@ -15,11 +15,10 @@ import pytest
 
 from gputuned.apply import apply_profile
 from gputuned.daemon import Daemon
-from gputuned.host import Host
-from gputuned.host.fs import WriteRecord
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
 from tests.fakeproc import add_process, stat_line, status_text
+from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.unit.conftest import Events
 from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
 
@@ -43,7 +42,7 @@ def index(log: Events, kind: str, what: str) -> int:
 def test_ready_after_apply_and_stopping_before_revert(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     ready = index(events, "notify", "READY=1")
     writes = [i for i, e in enumerate(events) if e[0] == "write"]
@@ -64,7 +63,7 @@ def test_sighup_applies_only_the_difference(tmp_path: Path, events: Events) -> N
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path, count=4)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     events.clear()
     prof.write_text(prof.read_text().replace("count = 4", "count = 6"))
@@ -87,10 +86,10 @@ def test_stale_journal_is_adopted_then_restored(tmp_path: Path, events: Events) 
     before = digest(root)
     # A one-shot apply (or a killed daemon) left its journal and the active profile.
     apply_profile(
-        Host(root), load_profile(profile_file(tmp_path)), source=str(profile_file(tmp_path))
+        tree_kernel(root), load_profile(profile_file(tmp_path)), source=str(profile_file(tmp_path))
     )
     events.clear()
-    d = Daemon(Host(root))
+    d = Daemon(tree_kernel(root))
     d.start()
     assert not [e for e in events if e[0] == "write"], "adopting: the host stays tuned, no writes"
     assert d.profile is not None and d.profile.name == "shared-host"
@@ -101,9 +100,9 @@ def test_stale_journal_is_adopted_then_restored(tmp_path: Path, events: Events) 
 def test_stale_journal_without_profile_is_replayed(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     (root / "etc/gputuned/active.json").unlink()
-    d = Daemon(Host(root))
+    d = Daemon(tree_kernel(root))
     d.start()
     assert digest(root) == before and not (root / JOURNAL.lstrip("/")).exists()
     assert d.status.startswith("idle")
@@ -113,7 +112,7 @@ def test_stale_journal_without_profile_is_replayed(tmp_path: Path, events: Event
 def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.placed == {}
     add_process(
@@ -184,7 +183,7 @@ def test_control_commands(tmp_path: Path, events: Events) -> None:
     from gputuned.host.control import PeerCred, request
 
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     peer = PeerCred(1, 0, 0)
     status: dict[str, Any] = d._handle({"cmd": "status"}, peer)
@@ -206,7 +205,7 @@ def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> Non
     root = tree_copy("ci-vm", tmp_path, server=False)
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n[irq]\nspread = "yes"\n')
-    d = Daemon(Host(root), profile_path=bad)
+    d = Daemon(tree_kernel(root), profile_path=bad)
     with pytest.raises(Exception, match=r"irq\.spread"):
         d.start()
     d.lock.__exit__(None, None, None)
@@ -215,7 +214,7 @@ def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> Non
 
 def test_drift_is_repaired_and_counted(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     events.clear()
     assert not d._drifted(), "every applied setting reads back as applied"
@@ -242,7 +241,7 @@ def test_metrics_port_serves_the_daemon_figures(tmp_path: Path, events: Events) 
     root = tree_copy("h200-captured", tmp_path)
     prof = profile_file(tmp_path)
     prof.write_text(prof.read_text() + f"\n[daemon]\nmetrics_port = {port}\n")
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     assert d.metrics is not None
     got: list[bytes] = []
@@ -270,7 +269,7 @@ def test_metrics_port_serves_the_daemon_figures(tmp_path: Path, events: Events) 
 
 def test_metrics_port_off_by_default(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.metrics is None
     d.stop()
@@ -297,12 +296,12 @@ def test_a_placement_journals_with_one_fsync(
     import gputuned.host.state as state
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     appends: list[bytes] = []
     real_append = state.append_durable
 
-    def append(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+    def append(host: FaultKernel, hpath: str, line: bytes, *, sync: bool = True) -> None:
         if sync:
             # Nothing of the process may have been written yet when its originals are synced.
             assert not [w for k, w in events if k == "write" and "/proc/6000" in w]
@@ -324,7 +323,7 @@ def test_a_placement_journals_with_one_fsync(
     from gputuned.journal import Journal
 
     assert d.journal is not None
-    assert [e.op.key for e in Journal(Host(root)).entries()] == [
+    assert [e.op.key for e in Journal(tree_kernel(root)).entries()] == [
         e.op.key for e in d.journal.entries()
     ]
     d.stop()
@@ -341,7 +340,7 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     from gputuned.journal import Journal
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    host = Host(root)
+    host = tree_kernel(root)
     _server(root, 6000, [6001])
     before = digest(root)
     prof = load_profile(profile_file(tmp_path))
@@ -355,16 +354,16 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     class Killed(BaseException):
         pass
 
-    def crash(_self: Host, _rec: WriteRecord) -> None:
+    def crash(_self: FaultKernel, _rec: WriteRecord) -> None:
         raise Killed
 
-    real_wrote = Host._wrote
-    Host._wrote = crash  # type: ignore[method-assign]
+    real_wrote = FaultKernel._wrote
+    FaultKernel._wrote = crash  # type: ignore[method-assign]
     try:
         with pytest.raises(Killed):
             apply_settings(host, journal, settings, ApplyReport(), keep_going=True, batch=True)
     finally:
-        Host._wrote = real_wrote  # type: ignore[method-assign]
+        FaultKernel._wrote = real_wrote  # type: ignore[method-assign]
     assert len(Journal(host)) >= 2, "the originals were durable before the first write"
     rep = revert_all(host)
     assert rep.failed == []
@@ -377,7 +376,7 @@ def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
     from gputuned.host.procwatch import ProcEvent
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.journal is not None and d.watcher is not None
     journal_file = root / JOURNAL.lstrip("/")
@@ -409,7 +408,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     applied = digest(root)
 

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host
 from gputuned.host import procwatch as pw
 from gputuned.host.procwatch import OVERFLOW, ConnectorEvent, ProcEvent
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, remove_process
+from tests.faults import tree_kernel
 
 # ---- messages as the kernel lays them out ---------------------------------------------------
 
@@ -384,7 +384,7 @@ def set_stat_field(root: Path, pid: int, field: int, value: str) -> None:
 
 
 def test_open_watcher_on_a_tree_polls_it(tree: Path) -> None:
-    w = pw.open_watcher(Host(tree), poll_interval=0.5)
+    w = pw.open_watcher(tree_kernel(tree), poll_interval=0.5)
     assert isinstance(w, pw.PollingWatcher)
     assert (w.mode, w.fileno(), w.interval) == ("polling", -1, 0.5)
     assert 0 < w.timeout <= 0.5
@@ -392,7 +392,7 @@ def test_open_watcher_on_a_tree_polls_it(tree: Path) -> None:
 
 
 def test_new_process_with_threads_then_exit(tree: Path) -> None:
-    with pw.PollingWatcher(Host(tree), interval=60) as w:
+    with pw.PollingWatcher(tree_kernel(tree), interval=60) as w:
         spawn(tree, threads=[4244, 4243])
         assert w.scan() == [
             ProcEvent("exec", PID, PID, 1),  # ppid, from stat
@@ -406,7 +406,7 @@ def test_new_process_with_threads_then_exit(tree: Path) -> None:
 
 def test_threads_come_and_go(tree: Path) -> None:
     spawn(tree, threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, threads=[4244, 4245])  # same process (start time): 4243 ended, two began
     assert w.scan() == [
@@ -418,7 +418,7 @@ def test_threads_come_and_go(tree: Path) -> None:
 
 def test_reused_pid_is_exit_then_exec(tree: Path) -> None:
     spawn(tree)
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, start_time=9500, comm="bash")
     assert w.scan() == [ProcEvent("exit", PID, PID), ProcEvent("exec", PID, PID, 1)]
@@ -426,7 +426,7 @@ def test_reused_pid_is_exit_then_exec(tree: Path) -> None:
 
 def test_exec_in_place_changes_comm(tree: Path) -> None:
     spawn(tree, comm="bash", threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, comm="python3")  # `exec python3 ...` in a wrapper: same PID, same start time
     assert w.scan() == [ProcEvent("exit", PID, 4243), ProcEvent("exec", PID, PID, 1)]
@@ -434,7 +434,7 @@ def test_exec_in_place_changes_comm(tree: Path) -> None:
 
 def test_zombie_counts_as_exited(tree: Path) -> None:
     spawn(tree, threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     set_stat_field(tree, PID, 3, "Z")  # leader gone, thread 4243 still runs: alive
     assert w.scan() == []
     set_stat_field(tree, PID, 20, "1")  # last thread gone: waiting only for wait(2)
@@ -444,7 +444,7 @@ def test_zombie_counts_as_exited(tree: Path) -> None:
 
 
 def test_kernel_threads_are_not_listed(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     spawn(tree, 77, comm="kworker/0:1", cmdline=[], exe=None)
     set_stat_field(tree, 77, 9, str(0x00208040))  # PF_KTHREAD | PF_NOFREEZE | PF_WQ_WORKER
     shutil.rmtree(tree / "proc/77/task")  # were it listed, the scan would skip the process
@@ -452,7 +452,7 @@ def test_kernel_threads_are_not_listed(tree: Path) -> None:
 
 
 def test_process_vanishing_mid_scan_is_skipped(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     (tree / "proc/5555").mkdir()  # listed, but its files are already gone
     spawn(tree, 5556)
     shutil.rmtree(tree / "proc/5556/task")
@@ -460,7 +460,7 @@ def test_process_vanishing_mid_scan_is_skipped(tree: Path) -> None:
 
 
 def test_read_waits_for_the_interval(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=3600)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=3600)
     spawn(tree)
     assert w.read() == []  # not due: nothing scanned
     assert w.timeout > 3500
@@ -474,4 +474,4 @@ def test_read_waits_for_the_interval(tree: Path) -> None:
 
 def test_interval_must_be_positive(tree: Path) -> None:
     with pytest.raises(ValueError, match="positive"):
-        pw.PollingWatcher(Host(tree), interval=0)
+        pw.PollingWatcher(tree_kernel(tree), interval=0)

@@ -56,11 +56,11 @@ def test_prometheus_file_in_a_missing_folder_says_so(tmp_path: Path) -> None:
 
 
 def _capture(dest: Path) -> None:
-    from gputuned.host import Host
     from gputuned.host.capture import capture
     from tests.conftest import TREES_DIR
+    from tests.faults import tree_kernel
 
-    capture(Host(TREES_DIR / "ci-vm"), dest)
+    capture(tree_kernel(TREES_DIR / "ci-vm"), dest)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")

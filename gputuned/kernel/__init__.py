@@ -1,0 +1,11 @@
+"""The machine as gputuned sees it: the kernel port, its live backend, and the typed readers.
+
+:mod:`gputuned.kernel.port` says what the port offers; :mod:`gputuned.kernel.base` is what its
+backends share, :mod:`gputuned.kernel.live` the running machine; :mod:`gputuned.sim` simulates
+a host tree. :mod:`gputuned.kernel.procfs` parses the formats of /proc/PID files and
+:mod:`gputuned.kernel.tasks` names thread operations and explains their refusals.
+"""
+
+from gputuned.kernel.port import Kernel
+
+__all__ = ["Kernel"]
