@@ -351,6 +351,15 @@ def make_profile(c: Chooser) -> dict[str, Any]:
         if mode in ("isolated", "root") and c.flip():
             rule["move_to_partition"] = True
             rule["spread_threads"] = mode == "isolated" and c.flip()
+        # A rule that grants something and matches only by what every user chooses (exe,
+        # comm, cmdline, uses_gpu) is refused unless it names who may have it (issue 14):
+        # name the server's account, or allow any user, in most such rules.
+        if key not in ("unit", "cgroup"):
+            who = c.pick(["user", "any_user", "any_user", "neither"])
+            if who == "user":
+                rule["match"]["user"] = "vllm"
+            elif who == "any_user":
+                rule["any_user"] = True
         rules.append(rule)
     if rules:
         doc["process"] = rules
