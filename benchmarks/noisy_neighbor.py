@@ -566,6 +566,8 @@ def isolated_profile(
     On a machine others use too, the shipped rule would also place their vLLM-like processes.
     What the rule does (CPUs, nice, policy, partition, children) is kept; only ``match``
     changes, and it still names an account, as a rule that grants CPUs or a negative nice must.
+    ``profile``'s folder is copied into ``work/base`` and included from there: an include must
+    lie beside the including file or below its folder.
     """
     from gputuned.profile import load_profile
 
@@ -573,7 +575,9 @@ def isolated_profile(
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
     rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
-    lines = [f"include = [{json.dumps(str(profile.absolute()))}]", "", "[[process]]"]
+    base = work / "base"
+    shutil.copytree(profile.absolute().parent, base, dirs_exist_ok=True)
+    lines = [f"include = [{json.dumps(f'base/{profile.name}')}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             lines.append(f"{key}.{k} = {_toml(v)}" if k else f"{key} = {_toml(v)}")
