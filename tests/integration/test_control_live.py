@@ -38,9 +38,9 @@ SOCK = f"{RUN_DIR}/control.sock"
 # then the same through gputuned's own client.
 CLIENT = r"""
 import json, socket, sys
-from tests.faults import FaultKernel, live_kernel, tree_kernel
 from gputuned.host.control import daemon_running, request
-out = {"running": daemon_running(tree_kernel(), sys.argv[1])}
+from gputuned.kernel.live import LiveKernel
+out = {"running": daemon_running(LiveKernel(), sys.argv[1])}
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(10)
 try:
@@ -64,7 +64,7 @@ else:
     except TimeoutError:
         out["closed"] = False
 try:
-    out["request"] = request(tree_kernel(), {"cmd": "whoami"}, path=sys.argv[1], timeout=10)
+    out["request"] = request(LiveKernel(), {"cmd": "whoami"}, path=sys.argv[1], timeout=10)
 except Exception as exc:
     out["request_error"] = [type(exc).__name__, str(exc)]
 print(json.dumps(out))

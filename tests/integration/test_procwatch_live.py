@@ -25,7 +25,7 @@ import pytest
 from gputuned.host import procwatch as pw
 from gputuned.host.proc import list_pids
 from gputuned.host.procwatch import ProcEvent, ProcWatcher
-from tests.faults import tree_kernel
+from tests.faults import live_kernel
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
         return evs
 
     monkeypatch.setattr(pw, "parse_datagram", keep)
-    w = pw.open_watcher(tree_kernel())
+    w = pw.open_watcher(live_kernel())
     try:
         assert isinstance(w, pw.NetlinkWatcher), "this machine kind allows the connector as root"
         runs = [run_child(w) for _ in range(5)]  # a few runs for a steadier figure
@@ -174,7 +174,7 @@ def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_polling_alone_within_one_interval() -> None:
     interval = 0.1
-    w = pw.PollingWatcher(tree_kernel(), interval=interval)
+    w = pw.PollingWatcher(live_kernel(), interval=interval)
     scans = []
     for _ in range(10):
         w.scan()
@@ -185,7 +185,7 @@ def test_polling_alone_within_one_interval() -> None:
     # it printed its exit time.
     delays = check_events(r, within=interval + max(scans) + 0.05)
     print(
-        f"\npolling every {interval} s: one scan of /proc ({len(list_pids(tree_kernel()))} processes) "
+        f"\npolling every {interval} s: one scan of /proc ({len(list_pids(live_kernel()))} processes) "
         f"takes {scan * 1e3:.2f} ms (max {max(scans) * 1e3:.2f}); exec seen "
         f"{delays['exec'] * 1e3:.0f} ms after Popen, threads {delays['threads'] * 1e3:.0f} ms, "
         f"exit {delays['exit'] * 1e3:.0f} ms"
@@ -200,7 +200,7 @@ def test_refused_connector_falls_back_to_polling(
 
     monkeypatch.setattr(pw.socket, "socket", refuse)
     with caplog.at_level(logging.WARNING, logger=pw.__name__):
-        w = pw.open_watcher(tree_kernel(), poll_interval=0.25)
+        w = pw.open_watcher(live_kernel(), poll_interval=0.25)
     assert (w.mode, w.fileno()) == ("polling", -1)
     assert isinstance(w, pw.PollingWatcher) and w.interval == 0.25
     [rec] = caplog.records
