@@ -8,7 +8,6 @@ read back. A crash anywhere leaves a journal naming everything that may have cha
 from __future__ import annotations
 
 import contextlib
-import errno as E
 import json
 import logging
 import time
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.actions import Op, Reused, expand, holds, read_old, start_write, write
 from gputuned.changes import Change
 from gputuned.engine import PlanResult, plan_profile
 from gputuned.host.state import (
@@ -32,14 +30,22 @@ from gputuned.journal import Journal
 from gputuned.kernel import Kernel
 from gputuned.profile import Profile
 from gputuned.revert import (
-    PROCESS_KINDS,
     RevertReport,
     forget_process,
     restore,
     restore_processes,
     revert_all,
 )
-from gputuned.tuners.process import DEFAULT_AFFINITY
+from gputuned.settings.base import Op, ReadBackMismatch, Reused
+from gputuned.settings.registry import (
+    expand,
+    holds,
+    not_possible,
+    of_change,
+    setting,
+    start_write,
+    write,
+)
 
 __all__ = [
     "ApplyError",
@@ -65,10 +71,6 @@ class ApplyError(errors.GputunedError):
         self.report = report
 
 
-class ReadBackMismatch(errors.HostError):
-    """The write returned success but the host reads back something else."""
-
-
 @dataclass
 class ApplyReport:
     written: list[dict[str, str]] = field(default_factory=list)
@@ -91,37 +93,6 @@ class ApplyReport:
         }
 
 
-def _not_possible_reason(op: Op, exc: errors.GputunedError) -> str | None:
-    """Host limits (not gputuned failures): skip the setting and say why."""
-    code = getattr(exc, "errno", None)
-    # Only a refused *write* says the IRQ cannot move. Reading its affinity has no such
-    # answer in the kernel (kernel/irq/proc.c show_irq_affinity()): a read error there is an
-    # unexplained fault, a failure like any other (rolled back without --keep-going).
-    if (
-        op.kind == "sysfs"
-        and op.path.startswith("/proc/irq/")
-        and getattr(exc, "op", "") == "write"
-    ):
-        if code == E.EIO:
-            return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
-        if code in (E.EPERM, E.EACCES):
-            # EACCES: the kernel made this IRQ's file read-only (0444) for an IRQ it will not
-            # move, and the caller lacks CAP_DAC_OVERRIDE.
-            return f"unmovable ({E.errorcode[code]}): the kernel refuses to move this IRQ"
-        if code == E.EROFS:
-            return "read-only here (EROFS): /proc/irq is mounted read-only (a container?)"
-    if isinstance(exc, ReadBackMismatch) and op.kind == "pcie":
-        return f"the device keeps this register field read-only: {exc}"
-    if op.kind == "policy" and isinstance(exc, errors.PermissionDenied):
-        return str(exc)
-    if op.kind == "mount" and code == E.EINVAL:
-        # fs_parse() refuses an option the kernel does not know (favordynmods: Linux 6.0+).
-        return f"the kernel does not know one of these mount options (EINVAL): {exc}"
-    if op.path.endswith("/pcie_aspm/parameters/policy") and code == E.EPERM:
-        return "firmware owns ASPM: the kernel refuses policy writes (EPERM)"
-    return None
-
-
 def _prepare(
     kernel: Kernel, journal: Journal, op: Op, *, defer: bool = False
 ) -> tuple[str, bool] | None:
@@ -130,12 +101,13 @@ def _prepare(
     A process setting whose plan knows its origin (it shows what a placement passed on at
     fork: tuners/proctree.py origins()) journals that origin, not the value it shows.
     """
-    origin = op.data.get("origin") if op.kind in PROCESS_KINDS else None
-    if _holds(kernel, op):
+    kind = setting(op.kind)
+    origin = op.data.get("origin") if kind.placement else None
+    if kind.holds_already(kernel, op, op.value):
         # Already right: an IRQ inside the allowed set, or a process or thread that inherited
         # the value from a placed parent or thread. The latter still needs its original on
         # record, or revert would leave it tuned: the original of whoever passed the value on.
-        if op.kind in PROCESS_KINDS and op.key not in journal:
+        if kind.placement and op.key not in journal:
             planned = op.data.get("planned_old")
             was = origin if origin is not None else planned
             if was is not None and was != op.value:
@@ -143,19 +115,8 @@ def _prepare(
         return None
     if origin is not None:
         return str(origin), journal.save(op, str(origin), defer=defer)
-    old = read_old(kernel, op)
-    if op.kind == "affinity" and op.data.get("planned_old") == DEFAULT_AFFINITY:
-        old = DEFAULT_AFFINITY  # the thread never chose its CPUs: restore "all the cgroup allows"
+    old = kind.original(kernel, op)
     return old, journal.save(op, old, defer=defer)
-
-
-def _holds(kernel: Kernel, op: Op) -> bool:
-    """Does the host hold ``op``'s value already? "All the cgroup allows" never counts as held:
-    a thread pinned to exactly its cgroup's CPUs reads the same, but keeps that pin as its own
-    mask when it moves to another cgroup; only writing it lets go of the pin."""
-    if op.kind == "affinity" and op.value == DEFAULT_AFFINITY:
-        return False
-    return holds(kernel, op, op.value)[0]
 
 
 def _commit(
@@ -266,7 +227,7 @@ def apply_settings(
     ops = [
         (ch, op)
         for ch in settings
-        if not (ch.report_only or (ch.in_sync and ch.kind not in ("thread", "proc_cgroup")))
+        if not (ch.report_only or (ch.in_sync and not of_change(ch).placement))
         for op in expand(ch)
     ]
     w = _Writer(kernel, journal, report, keep_going)
@@ -299,7 +260,7 @@ class _Writer:
         i = 0
         while i < len(ops):
             ch, op = ops[i]
-            if self.pending is not None and op.kind in PROCESS_KINDS:
+            if self.pending is not None and setting(op.kind).placement:
                 self.settle()
             if _irq_affinity(op):
                 j = i + 1
@@ -310,7 +271,7 @@ class _Writer:
                 continue
             i += 1
             try:
-                if op.kind == "mount" and self.pending is None:
+                if setting(op.kind).in_background and self.pending is None:
                     done = _prepare(self.kernel, self.journal, op)
                     if done is not None:
                         self.pending = (ch, op, *done, self.start(op, *done))
@@ -365,7 +326,7 @@ class _Writer:
             return
         for n, (ch, op, old, new_entry) in enumerate(prepared):
             try:
-                if _holds(self.kernel, op):
+                if setting(op.kind).holds_already(self.kernel, op, op.value):
                     continue
                 _commit(self.kernel, self.journal, op, old, new_entry)
             except errors.GputunedError as exc:
@@ -398,12 +359,12 @@ class _Writer:
         """Record a failed op. Unless it is skipped (its process is gone), not possible here,
         or ``keep_going``: undo this call's writes and raise ApplyError."""
         if isinstance(exc, (errors.TargetGone, Reused)):
-            if op.kind in PROCESS_KINDS:
+            if setting(op.kind).placement:
                 self.report.skipped.append({"target": op.target, "reason": str(exc)})
                 return
             why = None
         else:
-            why = _not_possible_reason(op, exc)
+            why = not_possible(op, exc)
         if why is not None:
             self.report.not_possible[ch.key] = {"target": ch.target, "reason": why}
             return

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 
-from gputuned.actions import ABSENT, Op
 from gputuned.apply import ApplyReport
 from gputuned.engine import read_context
 from gputuned.host.state import GRUB_DROPIN, HostLock
@@ -18,6 +17,8 @@ from gputuned.journal import Journal
 from gputuned.kernel import Kernel
 from gputuned.profile import Profile
 from gputuned.render import console
+from gputuned.settings.base import ABSENT, Op
+from gputuned.settings.registry import write
 from gputuned.tuners.bootargs import BootargsTuner
 
 
@@ -44,8 +45,6 @@ def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: boo
             journal = Journal(kernel)
             old = kernel.read_text(GRUB_DROPIN) if kernel.exists(GRUB_DROPIN) else ABSENT
             if old != op.value:
-                from gputuned.actions import write
-
                 journal.save(op, old)
                 write(kernel, op, op.value)
                 report.written.append({"target": GRUB_DROPIN, "old": old, "new": op.value})

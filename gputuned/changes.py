@@ -21,19 +21,6 @@ if TYPE_CHECKING:
     from gputuned.tuners.proctree import Claim
 
 
-#: How a setting is read and written (gputuned.actions implements each):
-#: "sysfs"     a text attribute at ``path``; ``compare`` says how values are compared
-#: "pcie"      a field of a config-space register: data offset/mask/shift/value
-#: "cgroup"    a cgroup directory at ``path`` that must exist
-#: "controller" a controller enabled in ``path`` (cgroup.subtree_control): data controller
-#: "thread"    a per-thread attribute of a process: data pid/start/attr/threads{tid: value}
-#: "proc_cgroup" the cgroup of a whole process: data pid/start/cgroup
-#: "file"      a whole file gputuned owns (e.g. a grub drop-in); absent before
-#: "mount"     the super options of the mount at ``path`` (a remount): data fstype; compared
-#:             as a set of options ("options"), since the kernel prints them in its own order
-KINDS = ("sysfs", "pcie", "cgroup", "controller", "thread", "proc_cgroup", "file", "mount")
-
-
 @dataclass(frozen=True)
 class Change:
     """One setting a profile manages: what it is now, what the profile wants, and why.
@@ -50,6 +37,8 @@ class Change:
     path: str = ""  # the host file written, where there is one
     report_only: bool = False  # listed, never applied (the tuner's report_only switch)
     key: str = ""  # identity of the setting across plans and in the journal
+    #: How it is read and written: the change kind of one class of gputuned/settings/ (the
+    #: module says what ``path``, ``compare`` and ``data`` hold for it).
     kind: str = "sysfs"
     compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition; mount: options
     data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

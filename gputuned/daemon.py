@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import __version__, errors, root
-from gputuned.actions import Reused, expand, holds
 from gputuned.apply import (
     ApplyReport,
     apply_profile,
@@ -64,6 +63,8 @@ from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
 from gputuned.kernel import Kernel
 from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.settings.base import Reused
+from gputuned.settings.registry import expand, holds
 from gputuned.textsafe import printable
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS

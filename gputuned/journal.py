@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputuned import errors
-from gputuned.actions import Op
 from gputuned.host.state import (
     JOURNAL,
     append_durable,
@@ -35,6 +34,7 @@ from gputuned.host.state import (
 )
 from gputuned.kernel import Kernel
 from gputuned.opcheck import refusal
+from gputuned.settings.base import Op
 
 log = logging.getLogger(__name__)
 VERSION = 1

@@ -26,22 +26,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.actions import ABSENT, Op, Reused, holds, write
 from gputuned.host.proc import iter_processes, read_identity, read_process
 from gputuned.host.state import ACTIVE, STATE, HostLock, remove
 from gputuned.host.system import nearest_cgroup, read_cgroup_layout
 from gputuned.journal import Entry, Journal
 from gputuned.kernel import Kernel
-from gputuned.tuners.process import DEFAULT_AFFINITY
+from gputuned.settings.base import ABSENT, Op, Reused
+from gputuned.settings.registry import placement_kinds, setting
+from gputuned.settings.threads import thread_value
 
 log = logging.getLogger(__name__)
 
-PROCESS_KINDS = ("nice", "affinity", "policy", "proc_cgroup")
-THREAD_KINDS = ("nice", "affinity", "policy")
 #: How far up the parent chain a process left in gputuned's cgroup is traced to a placed one.
 _MAX_DEPTH = 64
 
@@ -92,7 +91,7 @@ def restore(kernel: Kernel, journal: Journal, entries: list[Entry], report: Reve
     cgroup gputuned made (gputuned places processes after it made their cgroup, so their
     settings come first, newest first), or at the pass's end.
     """
-    placed = _placements([e for e in entries if e.op.kind in PROCESS_KINDS])
+    placed = _placements([e for e in entries if e.op.kind in placement_kinds()])
     made = [e.op.path for e in entries if e.op.kind == "cgroup" and e.old == ABSENT]
 
     def inherited() -> None:
@@ -116,7 +115,7 @@ def restore_processes(
     mine = [
         e
         for e in journal.newest_first()
-        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") in pids
+        if e.op.kind in placement_kinds() and e.op.data.get("pid") in pids
     ]
     restore(kernel, journal, mine, report)
     return report
@@ -128,7 +127,7 @@ def forget_process(kernel: Kernel, pid: int, journal: Journal | None = None) -> 
     gone = [
         e.op.key
         for e in journal.entries()
-        if e.op.kind in PROCESS_KINDS and e.op.data.get("pid") == pid
+        if e.op.kind in placement_kinds() and e.op.data.get("pid") == pid
     ]
     for key in gone:
         journal.drop(key)
@@ -184,20 +183,16 @@ def restore_entries(
 
 def _restore(kernel: Kernel, op: Op, old: str, notes: list[str]) -> str | None:
     """Put ``old`` back; None on success (or when the process is gone), else the error."""
-    check = replace(op, compare="cpulist") if op.compare == "cpulist_subset" else op
-    moved_up = None
+    kind = setting(op.kind)
+    journaled = old
     try:
-        if op.kind == "proc_cgroup":
-            dest = nearest_cgroup(kernel, str(op.data["mount"]), old)
-            moved_up, old = (old, dest) if dest != old else (None, old)
-        # "All the cgroup allows" is always written: it sets the kernel's user mask, which
-        # the process keeps when it moves back and its cgroup gets CPUs back.
-        if old != DEFAULT_AFFINITY and holds(kernel, check, old)[0]:
+        check, old = kind.restoring(kernel, op, old)
+        if kind.holds_already(kernel, check, old):
             return None  # already the original (the write never happened, or was undone)
-        write(kernel, check, old)
-        ok, seen = holds(kernel, check, old, just_written=True)
+        kind.write(kernel, check, old)
+        ok, seen = kind.holds(kernel, check, old, just_written=True)
     except (errors.TargetGone, Reused) as exc:
-        if op.kind in PROCESS_KINDS:
+        if kind.placement:
             log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
             return None
         return str(exc)
@@ -207,9 +202,9 @@ def _restore(kernel: Kernel, op: Op, old: str, notes: list[str]) -> str | None:
         return str(exc)
     except errors.GputunedError as exc:
         return str(exc)
-    if ok and moved_up is not None:
+    if ok and old != journaled:
         notes.append(
-            f"{op.target}: its cgroup {moved_up} no longer exists; moved to {old}, the nearest "
+            f"{op.target}: its cgroup {journaled} no longer exists; moved to {old}, the nearest "
             "existing ancestor"
         )
     return None if ok else f"wrote {old!r}, reads back {seen!r}"
@@ -339,7 +334,7 @@ def _give_back(
         if source is None or attr not in source.original:
             continue
         for t in proc.threads:
-            now = _thread_value(t, attr)
+            now = thread_value(t, attr)
             if _shows(attr, now, source.given[attr]) and now != source.original[attr]:
                 target = f"{label} thread {t.tid} {attr}"
                 ops.append(
@@ -367,17 +362,6 @@ def _op(
     if tid is not None:
         data["tid"] = tid
     return Op(f"{kind}:{pid}:{start}:{tid}", "process", target, kind, "", value, data=data)
-
-
-def _thread_value(t: Any, attr: str) -> str:
-    from gputuned.cpulist import format_cpulist
-    from gputuned.tuners.proctree import policy_value
-
-    if attr == "nice":
-        return str(t.nice)
-    if attr == "policy":
-        return policy_value(t.policy, t.rt_priority)
-    return format_cpulist(t.affinity)
 
 
 def _shows(attr: str, now: str, given: set[str]) -> bool:

@@ -77,6 +77,7 @@ from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
 from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
 from gputuned.host.system import cgroup_cpus, nearest_cgroup
+from gputuned.settings.threads import DEFAULT_AFFINITY, policy_value
 from gputuned.tuners.proctree import (
     Claim,
     Tuned,
@@ -88,7 +89,6 @@ from gputuned.tuners.proctree import (
     origins,
     owner_key,
     parent_origin,
-    policy_value,
     tuned_by,
 )
 from gputuned.tuners.procwrite import ChangeWriter
@@ -503,10 +503,6 @@ class ProcessTuner:
                 shown = "what its cgroup allows" if was == DEFAULT_AFFINITY else was
                 w.per_thread(attr, now, back, shown, orig, tuned, give_back=True)
         return w.out
-
-
-#: Journal value of an affinity the thread never set itself (see _plan_proc).
-DEFAULT_AFFINITY = "cgroup-default"
 
 
 def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.cpulist import parse_cpulist
 from gputuned.host.proc import read_process
+from gputuned.settings.threads import policy_value, thread_value
 
 if TYPE_CHECKING:
     from gputuned.changes import PlanContext
@@ -274,7 +275,8 @@ class Tuned:
 
 
 def journal_key(pid: int, start: int, attr: str, tid: int | None = None) -> str:
-    """The journal key of a process's setting (apply's Op keys: actions.expand())."""
+    """The journal key of a process's setting: its op's key (a thread's: gputuned/settings/
+    threads.py; a process's cgroup: the change's key, tuners/procwrite.py)."""
     if attr == "cgroup":
         return f"proc_cgroup:{pid}:{start}"
     return f"thread:{pid}:{start}:{pid if tid is None else tid}:{attr}"
@@ -284,13 +286,7 @@ def current(proc: ProcInfo, thread: ThreadInfo | None, attr: str) -> str:
     """A process's (main thread's) value of ``attr`` in the journal's form."""
     if attr == "cgroup":
         return proc.cgroup or "/"
-    if thread is None:
-        return ""
-    if attr == "nice":
-        return str(thread.nice)
-    if attr == "policy":
-        return policy_value(thread.policy, thread.rt_priority)
-    return format_cpulist(thread.affinity)
+    return "" if thread is None else thread_value(thread, attr)
 
 
 def origins(
@@ -400,8 +396,3 @@ def parent_origin(
     if known is None:
         return None
     return {a: ctx.original(journal_key(c.parent, known.start, a)) for a in INHERITED}
-
-
-def policy_value(policy: str, priority: int) -> str:
-    """One string per scheduling setting: "other", "batch", "fifo:10"."""
-    return f"{policy}:{priority}" if policy in ("fifo", "rr") else policy

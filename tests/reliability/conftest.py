@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.actions import holds
 from gputuned.journal import Journal
+from gputuned.settings.registry import holds
 from tests.faults import tree_kernel
 from tests.localuser import LocalUser, NoUser, local_user
 from tests.unit.test_apply import digest

@@ -37,13 +37,14 @@ import pytest
 
 from gputuned import apply as apply_mod
 from gputuned import errors
-from gputuned.actions import Op, expand
 from gputuned.apply import ApplyError, ApplyReport, apply_profile, read_state, revert_all
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine import PlanResult, plan_profile
 from gputuned.host.pci import ASPM_POLICY
 from gputuned.host.state import JOURNAL
 from gputuned.profile import Profile, parse_profile
+from gputuned.settings.base import Op
+from gputuned.settings.registry import expand
 from gputuned.verify import verify_plan
 from tests.fakeproc import add_process, remove_process
 from tests.faults import FaultKernel, live_kernel, tree_kernel

@@ -13,12 +13,12 @@ import pytest
 
 from gputuned import apply as apply_mod
 from gputuned import errors
-from gputuned.actions import expand
 from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
 from gputuned.engine import plan_profile
 from gputuned.host.state import JOURNAL, HostLock
 from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.settings.registry import expand
 from gputuned.verify import verify_plan
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.fakeproc import add_process, add_user, remove_process

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from gputuned import cli, errors
-from gputuned.actions import expand
 from gputuned.apply import apply_profile, revert_all
 from gputuned.engine import plan_profile
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
+from gputuned.settings.registry import expand
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
 
