@@ -16,15 +16,17 @@ import pytest
 
 from gputuned.apply import apply_profile, revert_all
 from gputuned.changes import Change
+from gputuned.daemon import Daemon
 from gputuned.engine import plan_profile
 from gputuned.host import Host
 from gputuned.host.proc import read_process
+from gputuned.host.procwatch import ProcEvent
 from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile
 from gputuned.tuners.spread import Member, spread
 from tests.fakeproc import add_process, add_thread, remove_thread
 from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
-from tests.unit.test_process_tree import HOME, PART, SPAWN
+from tests.unit.test_process_tree import HOME, PART, SPAWN, feed
 
 API, CORE = 5000, 5100
 WORKERS = (5200, 5300, 5400, 5500)
@@ -235,3 +237,82 @@ def test_a_child_that_inherited_its_parents_cpu_gets_its_own(tmp_path: Path) -> 
     assert (root / home).read_text().split() == [str(API), str(CORE)]
     mine = {k: v for k, v in digest(root).items() if str(CORE) not in k and k != home}
     assert mine == {k: v for k, v in before.items() if k != home}
+
+
+# ---- the daemon: processes arrive one by one ------------------------------------------------------
+
+
+def test_the_daemon_spreads_a_tree_that_arrives_one_process_at_a_time(tmp_path: Path) -> None:
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    d = Daemon(Host(root), profile_path=dedicated(tmp_path))
+    d.start()
+    proc(root, API, 1)
+    feed(d, ProcEvent("exec", API, API))
+    assert_spread(root, (API,))
+    here = (API,)
+    for pid in (CORE, *WORKERS):
+        parent = API if pid == CORE else CORE
+        # Spawned from its parent's main thread: its main thread and the threads it starts
+        # before gputuned places it all hold the parent's main CPU.
+        proc(root, pid, parent, inherited=str(mains(root, (parent,))[parent]))
+        was_main, was = mains(root, here), cpus(root, here)
+        feed(d, ProcEvent("fork", pid, pid, parent), ProcEvent("exec", pid, pid))
+        here = (*here, pid)
+        assert_spread(root, here)
+        assert mains(root, here[:-1]) == was_main, "no main thread placed earlier moved"
+        new_main = mains(root, (pid,))[pid]
+        moved = {tid for tid, c in cpus(root, here[:-1]).items() if c != was[tid]}
+        assert all(was[tid] == {new_main} for tid in moved), "only what held its new CPU moved"
+    assert set(d.placed) == set(TREE)
+    # The full plans the daemon makes (drift repair, every 10th tick) and verify agree.
+    plan = plan_profile(Host(root), d.profile)  # type: ignore[arg-type]
+    assert [c.target for c in plan.changes if c.tuner == "process"] == []
+    report = d._reapply("drift repair")
+    assert report is not None and report.written == []
+    assert d.last_verify["drifted"] == 0
+    assert d.stop() == 0
+    for pid in TREE:
+        p = read_process(Host(root), pid)
+        assert p.cgroup == HOME and {(t.nice, t.affinity) for t in p.threads} == {(0, ALL)}, pid
+
+
+def test_the_daemon_places_a_late_worker_on_a_free_cpu_against_what_it_placed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tree runs when the daemon starts; a worker arrives later, from EngineCore's main
+    thread. Its main thread takes a CPU no main thread holds; only the threads that held that
+    CPU move, and only their processes are read again. A new thread of a placed process is
+    placed reading that process alone."""
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    server(root, TREE[:-1])
+    d = Daemon(Host(root), profile_path=dedicated(tmp_path))
+    d.start()
+    assert mains(root, TREE[:-1]) == {API: 2, CORE: 3, 5200: 4, 5300: 5, 5400: 6}
+    was = cpus(root, TREE[:-1])
+    on = {c: [t for t, w in was.items() if w == {c}] for c in (7, 8, 9)}
+    fewest = min(on, key=lambda c: (len(on[c]), c))
+    read: list[str] = []
+    real = Host.read_bytes
+
+    def reading(self: Host, hpath: str, offset: int = 0, size: int = -1) -> bytes:
+        read.append(hpath)
+        return real(self, hpath, offset, size)
+
+    monkeypatch.setattr(Host, "read_bytes", reading)
+    proc(root, 5500, CORE, inherited="3")
+    feed(d, ProcEvent("fork", 5500, 5500, CORE))
+    assert_spread(root)
+    assert mains(root)[5500] == fewest, "the free CPU that holds the fewest threads"
+    now = cpus(root, TREE[:-1])
+    assert {t for t in was if now[t] != was[t]} == set(on[fewest])
+    owners = {str(pid) for pid in TREE[:-1] if set(on[fewest]) & set(cpus(root, (pid,)))}
+    assert {p.split("/")[2] for p in read if "/task/" in p} == {"5500"} | owners
+    assert not d._drifted(), "the drift check knows where the moved threads went"
+    add_thread(root, 5300, 5309, cpus=str(mains(root)[5300]), nice=-10)
+    before = cpus(root)
+    read.clear()
+    feed(d, ProcEvent("thread", 5300, 5309, CORE))
+    assert {p.split("/")[2] for p in read if "/task/" in p} == {"5300"}
+    assert_spread(root)
+    assert {t for t, c in cpus(root).items() if before[t] != c} == {5309}
+    assert d.stop() == 0
