@@ -470,6 +470,8 @@ class Gputuned:
             if time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"gputuned did not open its control socket in {timeout:g} s")
             time.sleep(0.05)
+        # The socket comes up before the start's apply; its first answer comes after it.
+        self.request({"cmd": "status"})
         return time.monotonic() - t0
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -213,9 +213,14 @@ def apply_profile(
     lock: bool = True,
     registered: dict[int, tuple[int, str]] | None = None,
     journal: Journal | None = None,
+    reload_path: str | None = None,
 ) -> tuple[PlanResult, ApplyReport]:
     """Make the host match ``profile``; only differences are written.
 
+    ``source`` says where the profile came from (shown by status); ``reload_path`` is the file
+    the daemon may read it again from at start and on SIGHUP, recorded only where root named it
+    (a one-shot apply, the daemon's --profile, a profile directory): a profile sent over the
+    control socket has none, and is re-applied from its stored copy (issue 14, finding 7).
     ``lock=False`` is for the daemon, which holds the host lock for its whole life.
     ``registered`` maps PIDs placed by hand (``gputunectl register``) to (start time, rule).
     ``journal``: the caller's open journal (the daemon keeps one for its whole life).
@@ -233,7 +238,7 @@ def apply_profile(
             raise ApplyError(f"apply {profile.name}: {exc}", report) from exc.__cause__
         _restore_leftovers(host, journal, managed_op_keys(plan.settings), report)
         journal.compact()
-        _record(host, profile, source, report)
+        _record(host, profile, source, report, reload_path)
         report.seconds = time.monotonic() - t0
         return plan, report
 
@@ -437,7 +442,9 @@ def _restore_leftovers(
         report.failed += rep.failed
 
 
-def _record(host: Host, profile: Profile, source: str, report: ApplyReport) -> None:
+def _record(
+    host: Host, profile: Profile, source: str, report: ApplyReport, reload_path: str | None
+) -> None:
     state = {
         "profile": profile.name,
         "source": source,
@@ -445,10 +452,12 @@ def _record(host: Host, profile: Profile, source: str, report: ApplyReport) -> N
         "not_possible": report.not_possible,
     }
     replace_durable(host, STATE, json.dumps(state, indent=1).encode())
-    active = {
+    active: dict[str, Any] = {
         "source": source,
         "profile": profile.model_dump(mode="json", by_alias=True, exclude_none=True),
     }
+    if reload_path is not None:
+        active["path"] = reload_path
     replace_durable(host, ACTIVE, json.dumps(active, indent=1).encode(), mode=0o644)
 
 

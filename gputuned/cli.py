@@ -10,8 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
-
 from gputuned import __version__, errors
 from gputuned.host import Host
 from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
@@ -23,7 +21,9 @@ from gputuned.render import (
     render_revert,
     render_status,
     render_verify,
+    shown,
 )
+from gputuned.textsafe import PrintableFormatter
 
 if TYPE_CHECKING:
     from gputuned.profile import Profile
@@ -34,12 +34,34 @@ log = logging.getLogger("gputunectl")
 Handler = Callable[[argparse.Namespace], int]
 
 
+def host_root(text: str) -> Path:
+    """``--root``: ``/`` or an existing host tree, given by an absolute path. A relative or
+    mistyped one was made on the first write instead of refused (issue 14, finding 17)."""
+    from gputuned.host.fs import TREE_META
+
+    path = Path(text)
+    if not path.is_absolute():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is relative; give the tree's absolute path, such as {Path(text).absolute()}"
+        )
+    if path == Path("/"):
+        return path
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder; check the path")
+    if not ((path / TREE_META).is_file() or (path / "sys").is_dir() or (path / "proc").is_dir()):
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
+            "gputunectl capture, or check the path"
+        )
+    return path
+
+
 def _add_root(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--root",
-        type=Path,
+        type=host_root,
         default=Path("/"),
-        help="read (and write) a captured host tree instead of this machine",
+        help="read (and write) a captured host tree instead of this machine (absolute path)",
     )
 
 
@@ -128,15 +150,34 @@ def _daemon(host: Host, message: dict[str, Any]) -> dict[str, Any] | None:
 def _render_daemon_apply(resp: dict[str, Any]) -> None:
     out = console()
     out.print(
-        f"Applied {resp['profile']} through the daemon: {len(resp['written'])} write(s), "
+        f"Applied {shown(resp['profile'])} through the daemon: {len(resp['written'])} write(s), "
         f"{len(resp['not_possible'])} not possible here, {len(resp['failed'])} failed"
     )
     for w in resp["written"]:
-        out.print(f"  set {w['target']}: {w['old']} → {w['new']}", markup=False)
+        out.print(f"  set {shown(w['target'])}: {shown(w['old'])} → {shown(w['new'])}")
     for np in resp["not_possible"].values():
-        out.print(f"  not possible here {np['target']}: {np['reason']}", markup=False)
+        out.print(f"  not possible here {shown(np['target'])}: {shown(np['reason'])}")
     for f in resp["failed"]:
-        out.print(f"  failed {f['target']}: {f['error']}", markup=False)
+        out.print(f"  failed {shown(f['target'])}: {shown(f['error'])}")
+
+
+def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
+    """What to apply: (the profile when this side loads it, the daemon's request, the file).
+
+    A path is loaded here, as the user running gputunectl (includes too), and its content sent
+    to a daemon; a bare name (``shared-host``) names a profile in the profile directory, which
+    the daemon reads itself. The daemon never opens a path a client names (issue 14, finding 7).
+    """
+    from gputuned.host.userfiles import is_profile_name, named_profile
+    from gputuned.profile import load_profile
+
+    if not arg.exists() and is_profile_name(str(arg)):
+        path = named_profile(host, str(arg))  # refuse an unknown name here, with the choices
+        return None, {"cmd": "apply", "name": str(arg)}, str(path)
+    profile = load_profile(arg)  # refuse a bad profile here, with its key paths
+    data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
+    source = str(arg.absolute())
+    return profile, {"cmd": "apply", "profile": data, "source": source}, source
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -144,20 +185,21 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from gputuned.profile import load_profile
 
     host = Host(args.root)
-    profile = load_profile(args.profile)  # refuse a bad profile here, with its key paths
-    resp = _daemon(host, {"cmd": "apply", "profile": str(args.profile.absolute())})
+    profile, message, path = _apply_source(host, args.profile)
+    resp = _daemon(host, message)
     if resp is not None:
         if args.json:
             _print_json(resp)
         else:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
+    profile = profile if profile is not None else load_profile(path)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(host)
     try:
         plan, report = apply_profile(
-            host, profile, keep_going=args.keep_going, source=str(args.profile.absolute())
+            host, profile, keep_going=args.keep_going, source=path, reload_path=path
         )
     except ApplyError as exc:
         if args.json:
@@ -270,7 +312,7 @@ def cmd_register(args: argparse.Namespace) -> int:
         )
     resp.pop("v", None)
     resp.pop("ok", None)
-    _print_json(resp) if args.json else console().print(json.dumps(resp), markup=False)
+    _print_json(resp) if args.json else console().print(shown(json.dumps(resp)))
     return 0
 
 
@@ -284,7 +326,12 @@ def cmd_bootargs(args: argparse.Namespace) -> int:
 
 def _add_engine_commands(sub: Any) -> None:
     s = sub.add_parser("apply", help="make this host match PROFILE (one-shot without the daemon)")
-    s.add_argument("profile", type=Path, metavar="PROFILE")
+    s.add_argument(
+        "profile",
+        type=Path,
+        metavar="PROFILE",
+        help="a profile file, or the name of one in /etc/gputuned/profiles (shared-host)",
+    )
     _add_root(s)
     _add_json(s)
     s.add_argument(
@@ -433,7 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
     _add_root(s)
     _add_json(s)
-    s.add_argument("--all", action="store_true", help="every PCIe function, not only GPUs")
+    s.add_argument(
+        "--all",
+        action="store_true",
+        help="every PCIe function (and any whose config space is unreadable), not only GPUs",
+    )
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
@@ -472,9 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+        level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler]
     )
     func: Handler = args.func
     try:
@@ -482,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.GputunedError as exc:
         # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
         console(stderr=True).print(
-            f"[bold red]gputunectl {args.command}:[/] {escape(str(exc))}", highlight=False
+            f"[bold red]gputunectl {args.command}:[/] {shown(exc)}", highlight=False
         )
         return exc.exit_code
     except KeyboardInterrupt:

@@ -12,6 +12,21 @@ import re
 from collections.abc import Iterable
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
+#: CPU numbers run below this: the largest NR_CPUS Linux builds with (x86 CONFIG_MAXSMP,
+#: arch/x86/Kconfig NR_CPUS_RANGE_END). A profile's "0-99999999" allocated 2.3 GB before it was
+#: refused (issue 14, finding 14).
+MAX_CPUS = 8192
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
+
+
+def _too_high(text: str, cpu: int) -> CpuListError:
+    return CpuListError(
+        f"{_shown(text)} names CPU {cpu}, past CPU {MAX_CPUS - 1}: no Linux has more than "
+        f"{MAX_CPUS} CPUs"
+    )
 
 
 class CpuListError(ValueError):
@@ -28,19 +43,22 @@ def parse_cpulist(text: str) -> frozenset[int]:
         return frozenset()
     cpus: set[int] = set()
     for part in text.split(","):
-        m = _RANGE.match(part.strip())
+        m = _RANGE.match(part.strip()) if len(part) <= 64 else None
         if not m:
             raise CpuListError(
-                f"{text!r} is not a CPU list; write CPUs and ranges like '0-3,8' or '0-15:2/4'"
+                f"{_shown(text)} is not a CPU list; write CPUs and ranges like '0-3,8' or "
+                "'0-15:2/4'"
             )
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi >= MAX_CPUS:
+            raise _too_high(text, hi)
         if hi < lo:
-            raise CpuListError(f"{text!r}: range {part!r} runs backwards; write it low-high")
+            raise CpuListError(f"{_shown(text)}: range {part!r} runs backwards; write it low-high")
         if m.group(3) is not None:
             used, group = int(m.group(3)), int(m.group(4))
             if group == 0 or used > group:
-                raise CpuListError(f"{text!r}: in {part!r} need 0 < used <= group size")
+                raise CpuListError(f"{_shown(text)}: in {part!r} need 0 < used <= group size")
             cpus.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
         else:
             cpus.update(range(lo, hi + 1))
@@ -70,8 +88,11 @@ def _fmt_run(run: list[int]) -> str:
 def parse_mask(text: str) -> frozenset[int]:
     """Parse a hex mask such as ``ffff`` or ``00000001,00000000`` into a set of CPUs."""
     digits = text.strip().replace(",", "")
-    if not digits or not re.fullmatch(r"[0-9a-fA-F]+", digits):
-        raise CpuListError(f"{text!r} is not a hex CPU mask such as 'ff' or '1,00000000'")
+    if not re.fullmatch(r"[0-9a-fA-F]+", digits):
+        raise CpuListError(f"{_shown(text)} is not a hex CPU mask such as 'ff' or '1,00000000'")
+    digits = digits.lstrip("0") or "0"
+    if len(digits) > MAX_CPUS // 4:
+        raise _too_high(text, 4 * len(digits) - 1)
     value = int(digits, 16)
     return frozenset(i for i in range(value.bit_length()) if value >> i & 1)
 

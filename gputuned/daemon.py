@@ -9,7 +9,8 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
 - udev events for PCI devices: the profile is re-planned (a GPU reset or re-bind can bring back
   the kernel's saved DevCtl, or new IRQ numbers);
 - every ``[daemon] drift_interval_s``: everything applied is re-read and drift repaired;
-- the control socket (gputunectl apply, revert, status, verify, register, unregister);
+- the control socket (gputunectl status, verify, top; apply, revert, register, unregister: root
+  or [daemon] admin_group only; see gputuned/host/controlproto.py);
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
@@ -27,7 +28,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,13 @@ from gputuned.apply import (
     revert_all,
 )
 from gputuned.changes import Change, PlanContext
+from gputuned.daemon_access import (
+    VERIFY_CACHE_S,
+    metrics_allowed,
+    profile_from_request,
+    request_flag,
+)
+from gputuned.daemon_config import Config as DaemonConfig
 from gputuned.engine import plan_processes, plan_profile, read_context
 from gputuned.host import (
     Host,
@@ -55,10 +63,11 @@ from gputuned.host.loop import Loop, now
 from gputuned.host.notify import Notifier, setup_logging, system_stopping, watchdog_interval
 from gputuned.host.proc import read_identity
 from gputuned.host.procwatch import ProcWatcher, open_watcher
-from gputuned.host.state import HostLock
+from gputuned.host.state import ACTIVE, HostLock
 from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.textsafe import printable
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS
 from gputuned.tuners.spread import Held, held_threads
@@ -74,6 +83,11 @@ class Daemon:
         self.notify = Notifier()
         self.profile: Profile | None = None
         self.source = ""
+        #: The file SIGHUP re-reads the profile from; None: re-apply the stored copy.
+        self.reload_path: str | None = None
+        #: What could not be set up at start without stopping it (metrics), for status.
+        self.setup_notes: list[str] = []
+        self._verify_cache: tuple[float, bool, dict[str, Any]] | None = None
         self.ctx: PlanContext | None = None
         self.settings: list[Change] = []  # applied last, re-read by the drift check
         self._drift_ticks = 0
@@ -100,6 +114,11 @@ class Daemon:
     # -- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Set up everything, then apply: the lock, journal and profile, the control socket,
+        metrics port and event sources, and only then the profile's writes. A start that fails
+        after the lock is taken puts back every journaled value before it raises, so a daemon
+        that cannot run never leaves the host tuned with nobody to revert it (issue 14,
+        findings 2, 4 and 11)."""
         # Handlers first: a SIGHUP (default action: terminate) or SIGTERM that arrives during the
         # start apply must wait for the loop, not kill the daemon half-way through its writes.
         for sig, h in (
@@ -110,54 +129,112 @@ class Daemon:
         ):
             self.loop.on_signal(sig, h)
         self.lock.__enter__()
-        self.journal = Journal(self.host)
-        self._adopt_or_replay()
-        self.profile, self.source = self._load_profile()
-        if self.profile is not None:
-            self._apply_full("start")
-        else:
-            self.status = "idle: no profile applied yet (gputunectl apply PROFILE)"
-        daemon_cfg = self.profile.daemon if self.profile else None
-        group = daemon_cfg.control_group if daemon_cfg else None
-        self.control = ControlServer(self.host, self._handle, group=group)
-        self.loop.add_reader(self.control.fileno(), self._on_control)
-        if daemon_cfg is not None and daemon_cfg.metrics_port is not None:
-            from gputuned.metrics import daemon_metrics
-
-            try:
-                self.metrics = MetricsServer(
-                    lambda: daemon_metrics(self.host, self._status()), port=daemon_cfg.metrics_port
-                )
-            except errors.GputunedError as exc:
-                log.error("daemon: metrics off: %s", exc)
+        try:
+            self.journal = Journal(self.host)
+            self.profile, self.source = self._load_profile()
+            self._set_up()
+            self._adopt_or_replay()
+            if self.profile is not None:
+                self._apply_full("start")
             else:
-                self.metrics.attach(self.loop)
+                self.status = "idle: no profile applied yet (gputunectl apply PROFILE)"
+            self._schedule()
+        except BaseException as exc:
+            self._abort_start(exc)
+            raise
+        self.notify.send("READY=1", f"STATUS={self.status}", f"MAINPID={_pid()}")
+        assert self.watcher is not None
+        log.info("daemon: ready (%s); process events by %s", self.status, self.watcher.mode)
+
+    def _set_up(self) -> None:
+        """The control socket, metrics port, process watcher and udev monitor: nothing here
+        writes a setting, and anything that cannot be set up stops the start before any does."""
+        cfg = self.profile.daemon if self.profile is not None else DaemonConfig()
+        self.control = ControlServer(
+            self.host, self._handle, group=cfg.control_group, admin_group=cfg.admin_group
+        )
+        self.control.attach(self.loop)
+        if cfg.metrics_port is not None:
+            self._set_up_metrics(cfg)
         self.watcher = open_watcher(self.host, poll_interval=1.0)
         if self.watcher.fileno() >= 0:
-            self.loop.add_reader(self.watcher.fileno(), lambda _fd: self._on_proc_events())
+            # Priority: process events are taken before scrapes and control requests.
+            self.loop.add_reader(
+                self.watcher.fileno(), lambda _fd: self._on_proc_events(), priority=-10
+            )
         self.udev = open_monitor(self.host)
         if self.udev is not None:
-            self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev())
-        self._schedule()
-        self.notify.send("READY=1", f"STATUS={self.status}", f"MAINPID={_pid()}")
-        log.info("daemon: ready (%s); process events by %s", self.status, self.watcher.mode)
+            self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev(), priority=-5)
+
+    def _set_up_metrics(self, cfg: DaemonConfig) -> None:
+        from gputuned.metrics import daemon_metrics
+
+        try:
+            self.metrics = MetricsServer(
+                lambda: daemon_metrics(self.host, self._status()),
+                port=cfg.metrics_port or 0,
+                address=cfg.metrics_address,
+                allowed=metrics_allowed(cfg.metrics_allow),
+            )
+        except errors.GputunedError as exc:
+            # Metrics are a view, not the job: the host is still tuned, and status says so.
+            log.error("daemon: metrics off: %s", exc)
+            self.setup_notes.append(f"metrics off: {exc}")
+        else:
+            self.metrics.attach(self.loop, priority=10)
+
+    def _abort_start(self, exc: BaseException) -> None:
+        if not isinstance(exc, errors.GputunedError | KeyboardInterrupt):
+            log.error("daemon: start failed", exc_info=exc)
+        if self.journal is not None and len(self.journal):
+            log.error(
+                "daemon: start failed; putting back the %d journaled value(s)", len(self.journal)
+            )
+            try:
+                rep = revert_all(self.host, lock=False, journal=self.journal)
+                log.info(
+                    "daemon: reverted %d value(s), %d failed", len(rep.restored), len(rep.failed)
+                )
+            except Exception:
+                log.exception("daemon: revert after a failed start failed; run gputunectl revert")
+        self._close_sources()
+        self.lock.__exit__(None, None, None)
+
+    def _close_sources(self) -> None:
+        for closer in (self.control, self.watcher, self.metrics):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:
+                    log.exception("daemon: closing %s failed", type(closer).__name__)
+        self.control = self.metrics = None
+        self.watcher = None
 
     def run(self) -> int:
         while self.running:
             timeout = min(self._next.values(), default=now() + 1.0) - now()
             if self.watcher is not None and self.watcher.fileno() < 0:
                 timeout = min(timeout, self.watcher.timeout or 1.0)
+            if self.control is not None and self.control.pending():
+                timeout = 0.0  # requests wait for their turn: no sleep
             self.loop.run_once(min(timeout, 1.0))
             if self.watcher is not None and self.watcher.fileno() < 0:
-                self._on_proc_events()
+                self._guard("process scan", self._on_proc_events)
             if self.control is not None:
-                before = set(self.control.client_fds())
+                self._guard("control requests", self.control.serve)
                 self.control.expire(time.monotonic())
-                self._sync_control(before)
             if self.metrics is not None:
                 self.metrics.expire(time.monotonic())
-            self._timers()
+            self._guard("timers", self._timers)
         return self.stop()
+
+    @staticmethod
+    def _guard(what: str, fn: Callable[[], object]) -> None:
+        """No input may end the daemon: what a task raises is logged and the loop goes on."""
+        try:
+            fn()
+        except Exception:
+            log.exception("daemon: %s failed; the daemon goes on", what)
 
     def stop(self) -> int:
         self.notify.send("STOPPING=1", "STATUS=reverting")
@@ -186,9 +263,7 @@ class Daemon:
                     len(rep.failed),
                     "; ".join(f["target"] for f in rep.failed),
                 )
-        for closer in (self.control, self.watcher, self.metrics):
-            if closer is not None:
-                closer.close()
+        self._close_sources()
         self.loop.close()
         self.lock.__exit__(None, None, None)
         return errors.GputunedError.exit_code if failed else 0
@@ -214,18 +289,27 @@ class Daemon:
             )
 
     def _load_profile(self) -> tuple[Profile | None, str]:
+        """The profile to keep applied: --profile, else the file active.json names as one root
+        may read again (its ``path``), else the copy stored there. A file that no longer
+        loads, for any reason, falls back to the copy (issue 14, finding 11)."""
         if self.profile_path is not None:
-            return load_profile(self.profile_path), str(self.profile_path.absolute())
+            self.reload_path = str(self.profile_path.absolute())
+            return load_profile(self.profile_path), self.reload_path
         active = read_active(self.host)
         if active is None:
             return None, ""
         src = str(active.get("source", ""))
-        if src and Path(src).is_file():
+        path = active.get("path")
+        self.reload_path = None
+        if isinstance(path, str) and path and Path(path).is_file():
             try:
-                return load_profile(src), src
-            except errors.ProfileError as exc:
-                log.error("daemon: %s no longer loads (%s); using the copy applied last", src, exc)
-        return parse_profile(active["profile"], "/etc/gputuned/active.json"), src
+                profile = load_profile(path)
+            except Exception as exc:
+                log.error("daemon: %s no longer loads (%s); using the copy applied last", path, exc)
+            else:
+                self.reload_path = path
+                return profile, src
+        return parse_profile(active["profile"], ACTIVE), src
 
     def _apply_full(self, why: str) -> ApplyReport:
         assert self.profile is not None
@@ -237,6 +321,7 @@ class Daemon:
             lock=False,
             registered=self.registered,
             journal=self.journal,
+            reload_path=self.reload_path,
         )
         self.ctx = read_context(
             self.host, self.profile, registered=self.registered, journal=self.journal
@@ -401,42 +486,34 @@ class Daemon:
             )
             self._reapply("udev")
 
-    def _on_control(self, fd: int) -> None:
-        if self.control is not None:
-            before = set(self.control.client_fds())
-            self.control.on_readable(fd)
-            self._sync_control(before)
-
-    def _sync_control(self, before: set[int]) -> None:
-        """Watch the clients the server has now, and only those: a closed client's fd number
-        is reused by the next accept, so a stale registration would hide the new client."""
-        assert self.control is not None
-        after = set(self.control.client_fds())
-        for fd in before - after:
-            self.loop.remove_reader(fd)
-        for fd in after - before:
-            self.loop.add_reader(fd, self._on_control)
-
     def _on_hup(self, _sig: int) -> None:
+        """Re-read the profile (see :meth:`_load_profile`) and apply the difference. Whatever
+        fails, the profile in place stays and the daemon runs on."""
         self.notify.send("RELOADING=1", f"MONOTONIC_USEC={int(time.monotonic() * 1e6)}")
+        old = self.profile, self.source, self.reload_path
         try:
             prof, src = self._load_profile()
-        except errors.GputunedError as exc:
-            log.error("daemon: reload: %s; keeping the profile in place", exc)
-            self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
+        except Exception as exc:
+            self._reload_failed(exc, old)
             return
-        old = self.profile, self.source
         self.profile, self.source = prof, src
         self.counters["reloads"] += 1
         if self.profile is not None:
             try:
                 self._apply_full("reload")
-            except errors.GputunedError as exc:
-                log.error("daemon: reload: %s; keeping the profile in place", exc)
-                self.profile, self.source = old
-                self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
+            except Exception as exc:
+                self.counters["reloads"] -= 1
+                self._reload_failed(exc, old)
                 return
         self.notify.send("READY=1", f"STATUS={self.status}")
+
+    def _reload_failed(self, exc: Exception, old: tuple[Profile | None, str, str | None]) -> None:
+        if not isinstance(exc, errors.GputunedError):
+            log.error("daemon: reload failed", exc_info=exc)
+            exc = errors.GputunedError(f"internal error ({type(exc).__name__}); see the log")
+        log.error("daemon: reload: %s; keeping the profile in place", exc)
+        self.profile, self.source, self.reload_path = old
+        self.notify.send("READY=1", f"STATUS={self.status} (reload failed: {exc})")
 
     def _on_term(self, sig: int) -> None:
         log.info("daemon: %s: stopping", signal.Signals(sig).name)
@@ -487,43 +564,64 @@ class Daemon:
     # -- control socket -----------------------------------------------------------------------
 
     def _handle(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
-        cmd = req.get("cmd")
+        """One control request. The server has parsed it and refused what this peer may not
+        send (controlproto: read-only commands for the control group, changing ones for root
+        and the admin group); each field is checked here before it is used."""
+        cmd = req["cmd"]
         log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
         if cmd == "status":
             return self._status()
+        if cmd == "top":
+            return {k: v for k, v in self._status().items() if k in _TOP_KEYS}
+        if cmd == "verify":
+            return self._verify_for(peer, strict=request_flag(req, "strict"))
         if cmd == "apply":
-            path = Path(str(req["profile"]))
-            profile = load_profile(path)
-            old = self.profile, self.source, self.profile_path
-            self.profile, self.source, self.profile_path = profile, str(path), None
-            try:
-                report = self._apply_full("apply")
-            except errors.GputunedError:
-                self.profile, self.source, self.profile_path = old  # the client gets the error
-                raise
-            self._schedule()
-            self.notify.send(f"STATUS={self.status}")
-            return {"profile": profile.name, **report.to_json()}
+            return self._apply_request(req, peer)
         if cmd == "revert":
             rep = revert_all(self.host, lock=False, journal=self.journal)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
-            self.held = {}
+            self.reload_path, self._verify_cache, self.held = None, None, {}
             self.status = "idle: reverted (gputunectl apply PROFILE)"
             self._schedule()
             self.notify.send(f"STATUS={self.status}")
             return rep.to_json()
-        if cmd == "verify":
-            if self.profile is None:
-                raise errors.GputunedError("no profile applied; gputunectl apply PROFILE first")
-            vrep = verify_plan(
-                plan_profile(self.host, self.profile, registered=self.registered),
-                read_state(self.host),
-                strict=bool(req.get("strict")),
-            )
-            return vrep.to_json()
         if cmd in ("register", "unregister"):
             return self._register(cmd, req)
-        raise errors.GputunedError(f"unknown command {cmd!r}; see gputunectl --help")
+        raise errors.GputunedError(
+            f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
+        )
+
+    def _apply_request(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        profile, source, reload_path = profile_from_request(self.host, req, peer)
+        old = self.profile, self.source, self.profile_path, self.reload_path
+        self.profile, self.source, self.profile_path = profile, source, None
+        self.reload_path, self._verify_cache = reload_path, None
+        try:
+            report = self._apply_full("apply")
+        except Exception:
+            self.profile, self.source, self.profile_path, self.reload_path = old
+            raise  # the client gets the error
+        self._schedule()
+        self.notify.send(f"STATUS={self.status}")
+        return {"profile": profile.name, **report.to_json()}
+
+    def _verify_for(self, peer: PeerCred, *, strict: bool) -> dict[str, Any]:
+        """A fresh verify for root; others get one at most VERIFY_CACHE_S old (each is a full
+        plan, and a member of the control group must not keep the daemon busy with them)."""
+        if self.profile is None:
+            raise errors.GputunedError("no profile applied; gputunectl apply PROFILE first")
+        t = time.monotonic()
+        cached = self._verify_cache
+        if peer.uid != 0 and cached and cached[1] == strict and t - cached[0] < VERIFY_CACHE_S:
+            return cached[2]
+        vrep = verify_plan(
+            plan_profile(self.host, self.profile, registered=self.registered),
+            read_state(self.host),
+            strict=strict,
+        )
+        out = vrep.to_json()
+        self._verify_cache = (t, strict, out)
+        return out
 
     def _register(self, cmd: str, req: dict[str, Any]) -> dict[str, Any]:
         """Place a process by a rule (or stop placing it), identified by PID *and* start time:
@@ -579,7 +677,12 @@ class Daemon:
             "registered": {str(k): v[1] for k, v in self.registered.items()},
             "verify": self.last_verify,
             "verified_at": self.last_verify_at,
+            "notes": self.setup_notes,
         }  # fmt: skip
+
+
+#: What ``top`` needs of the status: the processes to watch.
+_TOP_KEYS = ("active_profile", "placed", "registered")
 
 
 def _pid() -> int:
@@ -639,9 +742,13 @@ def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gputuned.cli import host_root
+
     p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
-    p.add_argument("--root", type=Path, default=Path("/"), help="run against a host tree")
+    p.add_argument(
+        "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
+    )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
@@ -655,6 +762,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("daemon: cannot start: %s", exc)
         d.notify.send(f"STATUS=failed: {exc}", f"ERRNO={getattr(exc, 'errno', 0) or 0}")
         return exc.exit_code
+    except Exception as exc:  # a bug: start() logged its traceback and put the host back
+        d.notify.send(f"STATUS=failed: internal error ({type(exc).__name__}); see the log")
+        return 1
     return d.run()
 
 

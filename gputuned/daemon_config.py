@@ -9,7 +9,13 @@ stops.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+import ipaddress
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+
+#: A user or group name as useradd(8) accepts it (NAME_REGEX of adduser.conf, with '.').
+_NAME = re.compile(r"[a-z_][a-z0-9_.-]*\$?")
 
 
 class Config(BaseModel):
@@ -35,11 +41,53 @@ class Config(BaseModel):
     )
     control_group: StrictStr | None = Field(
         default=None,
-        description="Group whose members may use the control socket besides root (mode 0660); unset: root only (0600).",
+        description="Group whose members may use the control socket's read-only commands (status, verify, top) besides root (socket mode 0660); unset: root only (0600).",
+    )
+    admin_group: StrictStr | None = Field(
+        default=None,
+        description="Group whose members may also send the commands that change the host (apply, revert, register, unregister), which are otherwise root's only. With control_group set too, its members must be in that group as well to reach the socket file.",
     )
     metrics_port: StrictInt | None = Field(
         default=None,
         ge=1,
         le=65535,
-        description="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics: the verify counts, the daemon's counters and, per placed process, run-queue delay, context switches, IRQs on its CPUs and GPU load. Unset: off. Read when the daemon starts.",
+        description="Serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS: metrics_address): the verify counts, the daemon's counters and, per placed process, run-queue delay, context switches, IRQs on its CPUs and GPU load. Unset: off. Read when the daemon starts.",
     )
+    metrics_address: StrictStr = Field(
+        default="127.0.0.1",
+        description="IP address the metrics port binds. Anything but loopback also needs an IPAddressAllow= drop-in for the systemd unit, which denies IP traffic other than loopback.",
+    )
+    metrics_allow: tuple[StrictStr, ...] = Field(
+        default=(),
+        description="Who may scrape besides root: local users by name ('prometheus'), members of a group ('@monitoring'), and clients from other hosts by network ('10.0.0.0/8'). The figures list processes, so no one else may (a 403).",
+    )
+
+    @field_validator("control_group", "admin_group")
+    @classmethod
+    def _group_name(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a group name; use the name groupadd made")
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address; use one such as 127.0.0.1") from None
+        return value
+
+    @field_validator("metrics_allow")
+    @classmethod
+    def _allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if _NAME.fullmatch(entry.removeprefix("@")):
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is neither a user, a @group nor a network such as 10.0.0.0/8"
+                ) from None
+        return value

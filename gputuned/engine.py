@@ -170,6 +170,7 @@ def plan_profile(
     it (``gputunectl plan``, ``verify``).
     """
     from gputuned.cpulist import format_cpulist
+    from gputuned.daemon_access import daemon_refusals
 
     ctx = read_context(host, profile, registered=registered, journal=journal)
     result = PlanResult(
@@ -194,6 +195,7 @@ def plan_profile(
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
     result.layout = plan_layout(ctx, result.settings)
+    result.refused += daemon_refusals(profile.daemon)
     if result.blocked and not allow_blocked:
         raise result.blocked_error()
     return result

@@ -16,6 +16,7 @@ from gputuned.host.pci import (
     read_cmdline,
     scan,
 )
+from gputuned.host.pciconfig import NOT_RESPONDING
 from gputuned.host.system import read_host_cpus
 from gputuned.layout import topology_report
 
@@ -66,13 +67,27 @@ def link_findings(dev: PciDevice, busy: bool | None) -> list[dict[str, str]]:
     return out
 
 
+def register_findings(dev: PciDevice, topo: PciTopology) -> list[dict[str, str]]:
+    """Every field of ``dev`` and of the functions above it that could not be read, by name:
+    their MPS bounds this one's, so an unknown value there makes this one's unknown too."""
+    out = []
+    for d in topo.path(dev.bdf) or [dev]:
+        who = "" if d.bdf == dev.bdf else f"{d.bdf} "
+        for name, why in d.config.unreadable:
+            if d.config.state == NOT_RESPONDING:
+                out.append({"level": "fault", "message": f"{who}not responding: {why}"})
+            else:
+                out.append({"level": "unreadable", "message": f"{who}{name} unreadable: {why}"})
+    return out
+
+
 def device_report(dev: PciDevice, topo: PciTopology, nvml: NvmlGpu | None) -> dict[str, Any]:
     pcie = dev.config.pcie
     report: dict[str, Any] = {
         "bdf": dev.bdf,
         "vendor": f"0x{dev.vendor:04x}",
         "device": f"0x{dev.device:04x}",
-        "class": f"0x{dev.config.class_code:06x}",
+        "class": f"0x{dev.class_code:06x}",
         "gpu": dev.is_gpu,
         "name": nvml.name if nvml else None,
         "driver": dev.driver,
@@ -92,7 +107,7 @@ def device_report(dev: PciDevice, topo: PciTopology, nvml: NvmlGpu | None) -> di
             for i in dev.irqs
         ],
         "utilization_gpu": nvml.utilization_gpu if nvml else None,
-        "findings": [],
+        "findings": register_findings(dev, topo),
     }
     if pcie is not None:
         report["mps"] = {
@@ -114,14 +129,14 @@ def device_report(dev: PciDevice, topo: PciTopology, nvml: NvmlGpu | None) -> di
                 "link_files": dict(dev.link_aspm),
             }
         busy = (nvml.utilization_gpu or 0) > 0 if nvml else None
-        report["findings"] = link_findings(dev, busy)
+        report["findings"] += link_findings(dev, busy)
     return report
 
 
 def inspect(host: Host, *, all_functions: bool = False) -> dict[str, Any]:
     snap = snapshot(host)
     by_bdf = {g.bdf: g for g in snap.nvml or []}
-    devs = snap.topo.pcie_functions() if all_functions else snap.topo.gpus()
+    devs = snap.topo.reported_functions() if all_functions else snap.topo.gpus()
     return {
         "root": str(host.root),
         "nvml": snap.nvml is not None,

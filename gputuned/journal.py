@@ -10,6 +10,10 @@ before gputuned touched the setting; re-applying or switching profiles never ove
 ``drop`` forgets the key once its old value is back. Appending only, with fsync, means a crash
 at any point leaves a journal that names every setting that may have changed. A truncated last
 line (a crash mid-append, before fsync returned) is ignored: its write had not started.
+
+A ``save`` that names anything gputuned does not write (:mod:`gputuned.opcheck`), or that is not
+a well-formed entry, is *rejected*: it is never restored, revert reports it, and compaction keeps
+its line for a person to look at (issue 14, finding 13).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gputuned.host.state import (
     remove,
     replace_durable,
 )
+from gputuned.opcheck import refusal
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -51,6 +56,8 @@ class Journal:
         self.host = host
         self._entries: dict[str, Entry] = {}
         self._pending: list[tuple[str, bytes]] = []  # deferred saves: (key, line)
+        #: (line number, why, the line) of saves refused on load: never restored.
+        self.rejected: list[tuple[int, str, bytes]] = []
         self.lines = 0  # lines in the file: compact when far more than the live entries
         self._load()
 
@@ -73,15 +80,29 @@ class Journal:
                     f"{JOURNAL} line {n} is corrupt; fix or remove it by hand after checking "
                     "what it held (gputuned cannot revert what it cannot read)"
                 ) from None
-            if rec.get("v") != VERSION:
-                raise errors.GputunedError(f"{JOURNAL}: unknown journal version {rec.get('v')!r}")
-            if rec["op"] == "save":
-                d = dict(rec["entry"])
-                old = d.pop("old")
-                op = Op.from_json(d)
-                self._entries.setdefault(op.key, Entry(op, old))
-            elif rec["op"] == "drop":
+            if not isinstance(rec, dict) or rec.get("v") != VERSION:
+                v = rec.get("v") if isinstance(rec, dict) else None
+                raise errors.GputunedError(f"{JOURNAL}: unknown journal version {v!r}")
+            if rec.get("op") == "save":
+                entry, why = _entry(rec.get("entry"))
+                if entry is None:
+                    log.error("journal: line %d refused, never restored: %s", n, why)
+                    self.rejected.append((n, str(why), line))
+                else:
+                    self._entries.setdefault(entry.op.key, entry)
+            elif rec.get("op") == "drop" and isinstance(rec.get("key"), str):
                 self._entries.pop(rec["key"], None)
+
+    def rejected_report(self) -> list[dict[str, str]]:
+        """The refused lines as revert reports a failure: what, and what to do."""
+        return [
+            {
+                "target": f"{JOURNAL} line {n}",
+                "error": f"refused, not restored: {why}; check what it names and remove the "
+                "line by hand",
+            }
+            for n, why, _ in self.rejected
+        ]
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries
@@ -157,12 +178,29 @@ class Journal:
         """Rewrite the file with only live entries (atomically), or remove it when empty."""
         if self._pending:
             raise errors.GputunedError("journal: compact with unflushed records (a bug)")
-        if not self._entries:
+        kept = [raw.decode("utf-8", "replace") for _, _, raw in self.rejected]
+        if not self._entries and not kept:
             remove(self.host, JOURNAL)
             self.lines = 0
             return
-        lines = [
+        lines = kept + [
             json.dumps({"v": VERSION, "op": "save", "entry": e.to_json()}) for e in self.entries()
         ]
         replace_durable(self.host, JOURNAL, ("\n".join(lines) + "\n").encode())
         self.lines = len(lines)
+
+
+def _entry(raw: object) -> tuple[Entry | None, str | None]:
+    """The entry of a ``save`` record, or why it is refused."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("old"), str):
+        return None, "not a journal entry (no 'old' value)"
+    d = dict(raw)
+    old = d.pop("old")
+    try:
+        op = Op.from_json(d)
+    except TypeError as exc:
+        return None, f"not a journal entry ({exc})"
+    if not isinstance(op.data, dict) or not isinstance(op.value, str):
+        return None, "not a journal entry (data or value of the wrong type)"
+    why = refusal(op, old) or refusal(op, op.value)
+    return (None, f"{op.kind} {op.path!r}: {why}") if why else (Entry(op, old), None)

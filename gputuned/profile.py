@@ -6,7 +6,8 @@ sets defined under `[cpusets]`, which are resolved on each host (a GPU's local C
 node, ...), so one profile fits hosts of different shapes.
 
 Includes: `include = ["base.toml"]` loads those files first (paths relative to the including
-file), then this file's keys override theirs. Tables are merged key by key, except that a set
+file, beside it or below its folder: not absolute, no `..`), then this file's keys override
+theirs. Tables are merged key by key, except that a set
 under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
 arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot
 remove a key; override it with `"keep"` where the key allows that. Include cycles are rejected.
@@ -29,7 +30,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import (
@@ -58,6 +59,9 @@ from gputuned.tuners.process import Config as ProcessConfig
 _SET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MAX_INCLUDE_DEPTH = 16
+#: Tables and arrays nest at most this deep: a real profile needs 4 (process[0].match.cmdline);
+#: 5000 levels end tomllib and pydantic in RecursionError (issue 14, finding 11).
+MAX_NESTING = 32
 
 Problems = list[tuple[str, str]]
 
@@ -114,6 +118,8 @@ def load_profile(path: str | Path) -> Profile:
 
 def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
     """Check already-parsed TOML data; problems become one ProfileError naming ``source``."""
+    if _too_deep(data):
+        raise ProfileError(source, [("", _TOO_DEEP)])
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
@@ -132,6 +138,14 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
     here = (*chain, path)
     merged: dict[str, Any] = {}
     for i, name in enumerate(includes):
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith("/") or ".." in parts or "\0" in name:
+            # Absolute or '..': the file would lie outside the folder whose trust was checked
+            # with the including one (issue 14, finding 12).
+            msg = (
+                f"{name[:80]!r}: name a file beside this profile or below its folder, without '..'"
+            )
+            raise ProfileError(str(path), [(f"include[{i}]", msg)])
         target = path.parent / name
         if _identity(target) in {_identity(p) for p in here}:
             cycle = " -> ".join(str(p) for p in (*here, target))
@@ -153,13 +167,36 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
     return _merge(merged, data), includes
 
 
+_TOO_DEEP = f"tables and arrays nest deeper than {MAX_NESTING} levels; no profile needs that"
+
+
+def _too_deep(data: object) -> bool:
+    """Whether ``data`` nests deeper than MAX_NESTING (iterative: no recursion to run out of)."""
+    todo: list[tuple[object, int]] = [(data, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > MAX_NESTING:
+            return True
+        if isinstance(item, dict):
+            todo += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list | tuple):
+            todo += [(v, depth + 1) for v in item]
+    return False
+
+
 def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
     try:
-        return tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         msg = f"not UTF-8 text (byte {exc.start}); save the profile as UTF-8"
     except tomllib.TOMLDecodeError as exc:
         msg = f"TOML syntax error: {exc}"
+    except RecursionError:
+        msg = _TOO_DEEP
+    else:
+        if not _too_deep(data):
+            return data
+        msg = _TOO_DEEP
     raise ProfileError(str(path), [("", msg)])
 
 

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputuned.textsafe import printable
+
 if TYPE_CHECKING:
     from gputuned.apply import ApplyReport, RevertReport
     from gputuned.engine import PlanResult
@@ -19,6 +21,12 @@ def console(*, stderr: bool = False) -> Console:
     if not out.is_terminal:
         out.width = 160  # piped into a log or a file: rich would assume 80 columns
     return out
+
+
+def shown(value: object) -> str:
+    """A value for rich markup: non-printable characters escaped (process names and command
+    lines are other users' text: textsafe), then markup escaped."""
+    return escape(printable(str(value), newlines=True))
 
 
 def _gts(v: float | None) -> str:
@@ -35,6 +43,11 @@ def _link(d: dict[str, Any]) -> str:
     )
 
 
+def _known(value: object) -> str:
+    """A decoded value, or '?' where the register could not be read (a finding says why)."""
+    return "?" if value is None else str(value)
+
+
 def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
     out = console()
     pol = data["aspm_policy"]
@@ -42,7 +55,7 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
         pol["writable"]
     ]
     out.print(
-        f"ASPM policy: [bold]{escape(str(pol['value']))}[/] ({writable}: {escape(pol['reason'])})"
+        f"ASPM policy: [bold]{shown(str(pol['value']))}[/] ({writable}: {shown(pol['reason'])})"
     )
     if not data["devices"]:
         what = "PCIe functions" if all_functions else "GPUs"
@@ -68,11 +81,11 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
         name = d["name"] or f"{d['vendor']}:{d['device']}"
         table.add_row(
             d["bdf"],
-            escape(f"{name}\n{d['port_type'] or ''}"),
+            shown(f"{name}\n{d['port_type'] or ''}"),
             f"{d['numa_node'] if d['numa_node'] is not None else '-'} / {d['local_cpus'] or '-'}",
             _link(d),
-            f"{mps['current']}/{mps['supported']}/{mps['path_max']}" if mps else "-",
-            str(d["mrrs"] or "-"),
+            "/".join(_known(mps[k]) for k in ("current", "supported", "path_max")) if mps else "-",
+            _known(d["mrrs"]) if mps else "-",
             (
                 f"sup {'+'.join(aspm['supported']) or 'none'}\n"
                 f"on {'+'.join(aspm['enabled']) or 'none'}"
@@ -86,7 +99,7 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
     for d in data["devices"]:
         for f in d["findings"]:
             style = "bold red" if f["level"] == "fault" else "yellow"
-            out.print(f"[{style}]{f['level']}[/] {d['bdf']}: {escape(f['message'])}")
+            out.print(f"[{style}]{f['level']}[/] {d['bdf']}: {shown(f['message'])}")
     if "topology" in data:
         render_topology(data["topology"])
 
@@ -94,7 +107,7 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
 def render_topology(topo: dict[str, Any]) -> None:
     """inspect's topology section: NUMA nodes, SMT, and per GPU its node and local CPUs."""
     out = console()
-    out.print(f"CPUs {topo['online']}: {escape(topo['smt'])}")
+    out.print(f"CPUs {topo['online']}: {shown(topo['smt'])}")
     nodes = Table(title="NUMA nodes", show_lines=False)
     for col in ("node", "CPUs", "cores", "GPUs"):
         nodes.add_column(col)
@@ -124,7 +137,7 @@ def render_topology(topo: dict[str, Any]) -> None:
         for f in g["findings"]:
             style = "yellow" if f["level"] == "warning" else "cyan"
             out.print(
-                f"[{style}]{f['level']}[/] GPU {g['index']} {g['bdf']}: {escape(f['message'])}"
+                f"[{style}]{f['level']}[/] GPU {g['index']} {g['bdf']}: {shown(f['message'])}"
             )
 
 
@@ -135,9 +148,9 @@ def render_layout(layout: dict[str, Any]) -> None:
     out = console()
     if layout["gpus"]:
         names = sorted({n for g in layout["gpus"] for n in g["sets"]})
-        table = Table(title=f"Per GPU ({escape(layout['smt'])})", show_lines=False)
+        table = Table(title=f"Per GPU ({shown(layout['smt'])})", show_lines=False)
         for col in ("GPU", "BDF", "node", "local CPUs", *names, "vectors → CPUs"):
-            table.add_column(escape(col), overflow="fold")
+            table.add_column(shown(col), overflow="fold")
         for g in layout["gpus"]:
             vec = f"{g['vectors']} → {g['vector_cpus'] or '-'}" if g["vectors"] else "-"
             if g["off_node"]:
@@ -154,14 +167,14 @@ def render_layout(layout: dict[str, Any]) -> None:
     names = sorted({n for node in layout["nodes"] for n in node["sets"]})
     table = Table(title="Per NUMA node", show_lines=False)
     for col in ("node", "CPUs", "GPUs", *names, "partition", "left for the rest"):
-        table.add_column(escape(col), overflow="fold")
+        table.add_column(shown(col), overflow="fold")
     for node in layout["nodes"]:
         table.add_row(
             str(node["node"]),
             node["cpus"],
             ", ".join(map(str, node["gpus"])) or "-",
             *(node["sets"].get(n) or "-" for n in names),
-            escape("\n".join(node["partitions"]) or "-"),
+            shown("\n".join(node["partitions"]) or "-"),
             node["rest"] or "-",
         )
     out.print(table)
@@ -169,9 +182,9 @@ def render_layout(layout: dict[str, Any]) -> None:
 
 def render_plan(result: PlanResult) -> None:
     out = console()
-    out.print(f"Profile [bold]{escape(result.profile)}[/] on {escape(result.root)}")
+    out.print(f"Profile [bold]{shown(result.profile)}[/] on {shown(result.root)}")
     for note in result.notes:
-        out.print(f"[cyan]note[/] {escape(note)}")
+        out.print(f"[cyan]note[/] {shown(note)}")
     render_layout(result.layout)
     if result.changes:
         table = Table(title=f"{len(result.changes)} change(s)", show_lines=False)
@@ -179,16 +192,16 @@ def render_plan(result: PlanResult) -> None:
             table.add_column(col, overflow="fold")
         for c in result.changes:
             table.add_row(
-                c.tuner, escape(c.target), escape(f"{c.current} → {c.wanted}"), escape(c.why)
+                c.tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why)
             )
         out.print(table)
     else:
         out.print("No changes: the host already matches the profile.")
     for r in result.refused:
         tag = "[bold red]blocked[/]" if r.blocking else "[bold yellow]refused[/]"
-        out.print(f"{tag} {r.tuner} {escape(r.target)}: {escape(r.reason)}")
+        out.print(f"{tag} {r.tuner} {shown(r.target)}: {shown(r.reason)}")
     for b in result.pending_boot:
-        out.print(f"[magenta]boot[/] {escape(b)} (missing from /proc/cmdline; needs a reboot)")
+        out.print(f"[magenta]boot[/] {shown(b)} (missing from /proc/cmdline; needs a reboot)")
     if result.blocked:
         out.print(
             "[bold red]apply refuses this profile here[/] and writes nothing until what is "
@@ -199,25 +212,25 @@ def render_plan(result: PlanResult) -> None:
 def render_apply(plan: PlanResult, report: ApplyReport) -> None:
     out = console()
     out.print(
-        f"Applied [bold]{escape(plan.profile)}[/]: {len(report.written)} write(s) in "
+        f"Applied [bold]{shown(plan.profile)}[/]: {len(report.written)} write(s) in "
         f"{report.seconds * 1000:.1f} ms, {len(plan.settings) - len(plan.changes)} already right"
     )
     for w in report.written:
-        out.print(f"  [green]set[/] {escape(w['target'])}: {escape(w['old'])} → {escape(w['new'])}")
+        out.print(f"  [green]set[/] {shown(w['target'])}: {shown(w['old'])} → {shown(w['new'])}")
     for rs in report.restored:
         out.print(
-            f"  [cyan]restored[/] {escape(rs['target'])} to {escape(rs['value'])} (not in this profile)"
+            f"  [cyan]restored[/] {shown(rs['target'])} to {shown(rs['value'])} (not in this profile)"
         )
     for np in report.not_possible.values():
-        out.print(f"  [yellow]not possible here[/] {escape(np['target'])}: {escape(np['reason'])}")
+        out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
     for s in report.skipped:
-        out.print(f"  [dim]skipped[/] {escape(s['target'])}: {escape(s['reason'])}")
+        out.print(f"  [dim]skipped[/] {shown(s['target'])}: {shown(s['reason'])}")
     for rf in plan.refused:
-        out.print(f"  [yellow]refused[/] {rf.tuner} {escape(rf.target)}: {escape(rf.reason)}")
+        out.print(f"  [yellow]refused[/] {rf.tuner} {shown(rf.target)}: {shown(rf.reason)}")
     for f in report.failed:
-        out.print(f"  [bold red]failed[/] {escape(f['target'])}: {escape(f['error'])}")
+        out.print(f"  [bold red]failed[/] {shown(f['target'])}: {shown(f['error'])}")
     for b in plan.pending_boot:
-        out.print(f"  [magenta]boot[/] {escape(b)} (gputunectl bootargs; needs a reboot)")
+        out.print(f"  [magenta]boot[/] {shown(b)} (gputunectl bootargs; needs a reboot)")
     out.print("Undo with: gputunectl revert")
 
 
@@ -230,7 +243,7 @@ def render_revert(report: RevertReport) -> None:
     for n in report.notes:
         out.print(f"  note: {escape(n)}")
     for f in report.failed:
-        out.print(f"  [bold red]failed[/] {escape(f['target'])}: {escape(f['error'])}")
+        out.print(f"  [bold red]failed[/] {shown(f['target'])}: {shown(f['error'])}")
     if report.failed:
         out.print(
             "Not everything was put back (listed above); what failed stays in the journal and "
@@ -250,11 +263,11 @@ def render_verify(report: VerifyReport, *, verbose: bool) -> None:
         detail = f"live {ln.live}, wanted {ln.wanted}" if ln.live != "-" else ""
         reason = f" — {ln.reason}" if ln.reason else ""
         out.print(
-            f"[{style}]{ln.status:>17}[/] {ln.tuner} {escape(ln.target)} {escape(detail)}{escape(reason)}"
+            f"[{style}]{ln.status:>17}[/] {ln.tuner} {shown(ln.target)} {shown(detail)}{shown(reason)}"
         )
     counts = ", ".join(f"{report.count(s)} {s}" for s in STATUSES if report.count(s))
     out.print(
-        f"verify {escape(report.profile)}: {counts or 'no settings'} (exit {report.exit_code})"
+        f"verify {shown(report.profile)}: {counts or 'no settings'} (exit {report.exit_code})"
     )
 
 
@@ -264,19 +277,21 @@ def render_status(data: dict[str, Any]) -> None:
         out.print("No profile applied; the journal is empty.")
         return
     out.print(
-        f"Active profile: [bold]{escape(str(data['active_profile']))}[/] ({escape(str(data['source']))})"
+        f"Active profile: [bold]{shown(str(data['active_profile']))}[/] ({shown(str(data['source']))})"
     )
     out.print(f"Journal: {data['journal_entries']} original value(s) kept for revert")
     d = data.get("daemon")
     if d:
         out.print(
-            f"Daemon: PID {d['pid']}, {escape(d['status'])}; process events by {d['watcher']}; "
+            f"Daemon: PID {d['pid']}, {shown(d['status'])}; process events by {d['watcher']}; "
             f"{d['placements']} placement(s), {d['repairs']} drift repair(s), "
             f"{d['replans']} udev re-plan(s), {d['reloads']} reload(s)"
         )
         if data.get("placed"):
             out.print(f"Placed processes: {', '.join(map(str, data['placed']))}")
+        for note in data.get("notes") or []:
+            out.print(f"  [yellow]note[/] {shown(note)}")
     else:
         out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():
-        out.print(f"  [yellow]not possible here[/] {escape(np['target'])}: {escape(np['reason'])}")
+        out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")

@@ -72,6 +72,7 @@ def revert_all(
     with HostLock(host) if lock else contextlib.nullcontext():
         journal = journal if journal is not None else Journal(host)
         restore(host, journal, list(journal.newest_first()), report)
+        report.failed += journal.rejected_report()  # refused on load: never written
         journal.compact()
         if not report.failed:
             remove(host, STATE)

@@ -24,6 +24,7 @@ from gputuned.cpulist import format_cpulist
 from gputuned.host import Host
 from gputuned.host.nvml import NvmlGpu, read_gpus
 from gputuned.host.sampling import IrqCounts, ProcSample, read_irq_counts, sample_process
+from gputuned.textsafe import printable
 
 #: Commands gputuned itself runs under; never watched as a server.
 #: Without the daemon, rule matching scans every process: do it every this many refreshes.
@@ -79,7 +80,7 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
     from gputuned.host.control import daemon_running, request
 
     if daemon_running(host):
-        st = request(host, {"cmd": "status"})
+        st = request(host, {"cmd": "top"})
         registered = {int(k): str(v) for k, v in st.get("registered", {}).items()}
         out = [Target(p, "placed") for p in st.get("placed", []) if p not in registered]
         out += [Target(p, f"registered (rule {r})") for p, r in sorted(registered.items())]
@@ -239,7 +240,9 @@ def render(rows: list[Row], snap: Snapshot, where: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=f"gputunectl top: {where}", title_justify="left", expand=False)
+    table = Table(
+        title=Text(f"gputunectl top: {printable(where)}"), title_justify="left", expand=False
+    )
     for col, right in (
         ("PID", True),
         ("command", False),
@@ -261,8 +264,8 @@ def render(rows: list[Row], snap: Snapshot, where: str) -> Any:
         )  # fmt: skip
         table.add_row(
             str(r.pid),
-            Text(r.comm),
-            Text(r.source),
+            Text(printable(r.comm)),
+            Text(printable(r.source)),
             str(r.threads),
             r.cpus,
             str(r.nice),
@@ -281,7 +284,8 @@ def render(rows: list[Row], snap: Snapshot, where: str) -> Any:
             Text(
                 "GPUs: "
                 + "; ".join(
-                    f"{g.index} {g.name} {_num(g.utilization_gpu, '{:.0f}')} %" for g in snap.gpus
+                    f"{g.index} {printable(g.name)} {_num(g.utilization_gpu, '{:.0f}')} %"
+                    for g in snap.gpus
                 )
             )
         )

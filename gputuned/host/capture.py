@@ -6,6 +6,7 @@ tree into another tree works too (tests use that to check capture is complete).
 
 from __future__ import annotations
 
+import contextlib
 import errno as E
 import json
 import logging
@@ -40,25 +41,97 @@ _CGROUP_DEPTH = 3
 
 
 class _Writer:
-    def __init__(self, dest: Path) -> None:
+    """Writes the tree under one directory opened once (O_DIRECTORY|O_NOFOLLOW): every file,
+    folder and link is made relative to it, each component opened with O_NOFOLLOW and each
+    file created with O_EXCL. Capture runs as root and its folder may sit where others can
+    write (/tmp): nothing here follows a link someone planted, and a folder swapped for a link
+    after it was opened changes nothing (issue 14, finding 9)."""
+
+    def __init__(self, fd: int, dest: Path) -> None:
+        self.fd = fd
         self.dest = dest
         self.files = 0
+        self._dirs: dict[tuple[str, ...], int] = {(): fd}
+
+    @classmethod
+    def open(cls, dest: Path) -> _Writer:
+        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return cls(fd, dest)
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs = {}
+
+    def _dir(self, parts: tuple[str, ...]) -> int:
+        """The fd of folder ``parts`` below the root, made where missing."""
+        if parts in self._dirs:
+            return self._dirs[parts]
+        parent = self._dir(parts[:-1])
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parts[-1], 0o755, dir_fd=parent)
+        fd = os.open(
+            parts[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent
+        )
+        self._dirs[parts] = fd
+        return fd
+
+    @staticmethod
+    def _split(hpath: str) -> tuple[tuple[str, ...], str]:
+        parts = tuple(p for p in hpath.split("/") if p)
+        if not parts or any(p in (".", "..") for p in parts):
+            raise errors.PathEscape(f"capture: {hpath!r} is not a path inside the tree")
+        return parts[:-1], parts[-1]
 
     def put(self, hpath: str, data: bytes) -> None:
-        target = self.dest.joinpath(*[p for p in hpath.split("/") if p])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        folder, name = self._split(hpath)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=self._dir(folder))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         self.files += 1
 
     def mkdir(self, hpath: str) -> None:
-        self.dest.joinpath(*[p for p in hpath.split("/") if p]).mkdir(parents=True, exist_ok=True)
+        self._dir(tuple(p for p in hpath.split("/") if p))
 
     def link(self, hpath: str, target: str) -> None:
-        where = self.dest.joinpath(*[p for p in hpath.split("/") if p])
-        where.parent.mkdir(parents=True, exist_ok=True)
-        if where.is_symlink():
-            where.unlink()
-        where.symlink_to(target)
+        folder, name = self._split(hpath)
+        at = self._dir(folder)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=at)  # a link made earlier in this capture
+        os.symlink(target, name, dir_fd=at)
+
+
+def _open_destination(dest: Path) -> _Writer:
+    """``dest`` made (0700) or checked: an empty folder of this user that no one else may
+    write, not a link. Another user's folder, or one they may write, could hold or get links
+    that make root write anywhere."""
+    try:
+        dest.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise errors.GputunedError(f"capture: cannot make {dest}: {exc.strerror or exc}") from exc
+    try:
+        w = _Writer.open(dest)
+    except OSError as exc:
+        if exc.errno in (E.ELOOP, E.ENOTDIR):  # O_NOFOLLOW|O_DIRECTORY on a link: ENOTDIR
+            raise errors.GputunedError(
+                f"{dest} is a symbolic link or not a folder; capture into a folder of your own"
+            ) from None
+        raise errors.GputunedError(f"capture: cannot open {dest}: {exc.strerror or exc}") from exc
+    st = os.fstat(w.fd)
+    why = None
+    if st.st_uid != os.geteuid():
+        why = f"it is owned by uid {st.st_uid}, not by you"
+    elif st.st_mode & 0o022:
+        why = f"it is writable by others (mode {st.st_mode & 0o777:o})"
+    elif os.listdir(w.fd):
+        why = "it is not empty"
+    if why is not None:
+        w.close()
+        raise errors.GputunedError(f"{dest}: {why}; capture into a new or empty folder of your own")
+    return w
 
 
 def capture(
@@ -80,10 +153,21 @@ def capture(
     ``effective_affinity_list`` (the CPU the kernel picked within the affinity mask), NVML's
     utilisation and process list, and the tree's name.
     """
-    if dest.exists() and any(dest.iterdir()):
-        raise errors.GputunedError(f"{dest} is not empty; capture into a new or empty directory")
-    dest.mkdir(parents=True, exist_ok=True)
-    w = _Writer(dest)
+    w = _open_destination(dest)
+    try:
+        return _capture_into(host, w, dest, probe_writes, stable, progress)
+    finally:
+        w.close()
+
+
+def _capture_into(
+    host: Host,
+    w: _Writer,
+    dest: Path,
+    probe_writes: bool,
+    stable: bool,
+    progress: Callable[[str], None] | None,
+) -> dict[str, object]:
     say = progress or (lambda _msg: None)
     # Refusals the source already knows (a tree's recorded write_errors) carry over.
     write_errors = {
@@ -133,7 +217,7 @@ def capture(
     }
     if nvml is not None:
         meta["nvml"] = [_nvml_entry(g, stable) for g in nvml]
-    (dest / TREE_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    w.put(f"/{TREE_META}", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     say(f"done: {w.files} files")
     return meta
 

@@ -1,147 +1,107 @@
-"""The daemon's control socket: the server ``gputuned`` runs and the client ``gputunectl`` uses.
+"""The daemon's control socket: the server ``gputuned`` runs (the protocol and who may send what:
+:mod:`gputuned.host.controlproto`; the client ``gputunectl`` uses: :mod:`gputuned.host.controlclient`).
 
-Protocol (version 1)
---------------------
-- A Unix stream socket, by default ``/run/gputuned/control.sock`` under the Host's root. Paths
-  longer than ``sun_path`` allows (108 bytes, deep ``--root`` trees) are bound and connected
-  through ``/proc/self/fd/<dirfd>/<name>`` of the socket's directory.
-- JSON lines. A request is one UTF-8 JSON object ending in ``"\\n"``, with ``"v": 1`` and
-  ``"cmd"`` (a non-empty string) beside the command's own fields. Each request gets one response,
-  in order: a JSON object ending in ``"\\n"`` with ``"v": 1`` and ``"ok"``; ``true`` comes with
-  the command's result fields, ``false`` with ``"error"``: a message that says what to do. A
-  client may send several requests on one connection. Blank lines are ignored.
-- Errors that leave the connection usable: invalid UTF-8 or JSON, a value other than an object,
-  a missing ``"cmd"``, an unsupported ``"v"`` (``unsupported protocol version X; this daemon
-  speaks 1``), and any error the command raises.
-- Errors that close it, after one error line: a request line over 64 KiB (``request too large
-  (max 65536 bytes)``); a request line not complete 10 s after its first byte (a stalled client
-  must not hold a slot; measuring from the first byte rather than the last also stops a client
-  that trickles one byte at a time); a 33rd concurrent client; a refused peer.
-- Who may talk: checked on every connection from ``SO_PEERCRED`` (unix(7): the peer's pid, euid
-  and egid at connect time), not only by the file mode. Root (uid 0) may; with a control group
-  configured, so may a peer whose gid is that group's or whose supplementary groups (the
-  ``Groups:`` line of ``/proc/<pid>/status``, read through the Host) include it. Others get
-  ``permission denied: gputuned's control socket is for root (or group X)``; the refusal is
-  logged with their pid and uid.
-- The socket file is mode 0600, or 0660 and owned by the group when one is configured (then its
-  directory also gets search permission, ``--x``, for everyone, or the mode would never be
-  reached; /run/gputuned is 0700 otherwise). Mode and group are set before ``listen(2)``, so no
-  connection is ever accepted under the umask's mode. At start a socket file left behind is
-  removed only when nothing answers on it (``ECONNREFUSED``); a daemon that answers makes the new
-  one fail with :class:`~gputuned.errors.Busy` naming its PID (its ``SO_PEERCRED``).
-
-The server never blocks the daemon for long: every socket is non-blocking and driven by the
-daemon's selector (:meth:`ControlServer.fileno`, :meth:`ControlServer.client_fds`,
-:meth:`ControlServer.on_readable`, :meth:`ControlServer.expire`). Responses are written with
-``sendall`` under a 1 s timeout rather than buffered for a writability event: a response is a few
-KiB and lands in the socket buffer (about 200 KiB) at once; only a client that stops reading its
-answers can make the write wait, and such a client is dropped after that second.
+- A Unix stream socket, by default ``/run/gputuned/control.sock`` under the Host's root.
+- The socket file is mode 0600, or 0660 and owned by the group when a control or admin group
+  is configured (then its directory also gets search permission, ``--x``, for everyone, or the
+  mode would never be reached; /run/gputuned is 0700 otherwise, and gets its mode back when
+  the server closes). Mode and group are set before ``listen(2)``, so no connection is ever
+  accepted under the umask's mode. Giving the file to the group needs ``CAP_CHOWN`` (the
+  shipped unit has it). At start a socket file left behind is removed only when nothing
+  answers on it (``ECONNREFUSED``); a daemon that answers makes the new one fail with
+  :class:`~gputuned.errors.Busy` naming its PID (its ``SO_PEERCRED``).
+- Limits (issue 14, finding 16): 32 connections at once, of which 4 are kept for root, and 8
+  per other user; beyond them a connection gets ``too many clients ...`` and is closed. A
+  request line over 64 KiB gets ``request too large (max 65536 bytes)`` and the connection
+  closed. A connection must complete its next request within 10 s of connecting or of its
+  last answer, or it is closed (idle, or trickling one byte at a time, alike). A client that
+  does not take its answer within 1 s is dropped.
+- Fairness: requests are read as they come but answered by :meth:`ControlServer.serve`, which
+  the daemon calls once per loop turn: one request per client per round, root's clients
+  first, at most 32 per turn. A client that sends thousands of requests at once gets them
+  answered in turn with everyone else's, not before root's next ``status``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno as E
 import grp
-import json
 import logging
 import os
 import socket
 import stat
-import struct
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from gputuned import errors
+from gputuned.host.controlclient import (  # the client API, re-exported
+    CONTROL_SOCKET,
+    daemon_running,
+    peercred,
+    probe,
+    request,
+    via_short_path,
+)
+from gputuned.host.controlproto import (
+    CHANGING,
+    MAX_LINE,
+    PROTOCOL_VERSION,
+    READ_ONLY,
+    Access,
+    GroupsOf,
+    PeerCred,
+    encode,
+    error,
+    internal,
+    parse_request,
+    peer_allowed,
+    proc_groups,
+)
 from gputuned.host.fs import Host, translate
+from gputuned.host.sockserve import Client, StreamServer
 from gputuned.host.state import ensure_dir
+
+__all__ = [
+    "CHANGING", "CONTROL_SOCKET", "IDLE_TIMEOUT_S", "MAX_CLIENTS", "MAX_LINE", "PER_USER",
+    "PROTOCOL_VERSION", "READ_ONLY", "ROOT_RESERVED", "ControlServer", "PeerCred",
+    "daemon_running", "peer_allowed", "proc_groups", "request",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-CONTROL_SOCKET = "/run/gputuned/control.sock"
-PROTOCOL_VERSION = 1
-#: Longest request line, without its newline.
-MAX_LINE = 65536
 MAX_CLIENTS = 32
-#: A request line must be complete this long after its first byte (seconds, monotonic clock).
+#: Slots only root may take: other users' connections never lock root out.
+ROOT_RESERVED = 4
+#: Connections one user other than root may hold at once.
+PER_USER = 8
+#: A connection's next request must be complete this long after it connected or was last
+#: answered (seconds, monotonic clock).
 IDLE_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 1.0
-_PROBE_TIMEOUT_S = 2.0
-_MAX_RESPONSE = 64 << 20
-# struct ucred (include/linux/socket.h): pid_t pid; uid_t uid; gid_t gid.
-_UCRED = struct.Struct("3i")
-# sizeof(sockaddr_un.sun_path), NUL included (include/uapi/linux/un.h).
-_SUN_PATH_MAX = 108
-_NOT_RUNNING = (E.ENOENT, E.ECONNREFUSED, E.ENOTDIR)
-
-
-@dataclass(frozen=True)
-class PeerCred:
-    """Who is on the other end of a connection (``SO_PEERCRED``: effective ids at connect)."""
-
-    pid: int
-    uid: int
-    gid: int
-
-    def __str__(self) -> str:
-        return f"pid {self.pid} uid {self.uid} gid {self.gid}"
-
+#: Requests answered per loop turn, at most one per client per round.
+LINES_PER_TURN = 32
 
 #: Runs one request: returns the response body (without ``"v"``; ``"ok": true`` is added unless
 #: the body sets it) or raises :class:`~gputuned.errors.GputunedError`, which becomes
 #: ``{"ok": false, "error": str(exc)}``.
 Handler = Callable[[dict[str, Any], PeerCred], dict[str, Any]]
-#: The supplementary group ids of a peer (injectable: unit tests must not read the real /proc).
-GroupsOf = Callable[[PeerCred], Iterable[int]]
+#: The credentials of a connected socket (injectable for tests of other users' limits).
+PeerOf = Callable[[socket.socket], PeerCred]
 
 
-def proc_groups(host: Host, cred: PeerCred) -> frozenset[int]:
-    """The peer's supplementary groups from ``/proc/<pid>/status``, read through ``host``.
+class ControlServer(StreamServer):
+    """The listening control socket and its clients, driven by the daemon's loop.
 
-    Empty when the process is gone, or when its effective uid is no longer the one it connected
-    with: its PID may have been reused by another process, whose groups prove nothing.
+    With a :class:`~gputuned.host.loop.Loop`, call :meth:`attach`, then :meth:`serve` and
+    :meth:`expire` (with ``time.monotonic()``) once per loop turn, and never sleep while
+    :meth:`pending` is true. Without one, watch :meth:`fileno`, :meth:`client_fds` (readable)
+    and :meth:`writing_fds` (writable) and call :meth:`on_readable` / :meth:`on_writable`.
     """
-    try:
-        status = host.read_text(f"/proc/{cred.pid}/status")
-    except errors.HostError:
-        return frozenset()
-    fields: dict[str, str] = {}
-    for line in status.splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value
-    uids = fields.get("Uid", "").split()  # real, effective, saved, filesystem
-    if len(uids) < 2 or uids[1] != str(cred.uid):
-        return frozenset()
-    return frozenset(int(g) for g in fields.get("Groups", "").split() if g.isdigit())
 
-
-def peer_allowed(cred: PeerCred, group_gid: int | None, groups_of: GroupsOf) -> bool:
-    """Root always; with a control group, also its members (primary or supplementary)."""
-    if cred.uid == 0:
-        return True
-    if group_gid is None:
-        return False
-    return cred.gid == group_gid or group_gid in set(groups_of(cred))
-
-
-@dataclass
-class _Client:
-    sock: socket.socket
-    cred: PeerCred
-    buf: bytearray = field(default_factory=bytearray)
-    #: When the unfinished line in ``buf`` got its first byte (monotonic).
-    line_started: float = 0.0
-
-
-class ControlServer:
-    """The listening control socket and its clients, driven by the daemon's selector.
-
-    Watch :meth:`fileno` and every fd of :meth:`client_fds` for reading (the set changes after
-    each :meth:`on_readable`), call :meth:`on_readable` with a readable fd, and call
-    :meth:`expire` with ``time.monotonic()`` about once a second.
-    """
+    name = "control socket"
+    idle_timeout_s = IDLE_TIMEOUT_S
+    send_timeout_s = SEND_TIMEOUT_S
+    recv_size = MAX_LINE + 1
 
     def __init__(
         self,
@@ -149,66 +109,162 @@ class ControlServer:
         handler: Handler,
         *,
         group: str | None = None,
+        admin_group: str | None = None,
         path: str = CONTROL_SOCKET,
         groups_of: GroupsOf | None = None,
+        peer_of: PeerOf | None = None,
     ) -> None:
         self.host = host
         self.path = path
         self.group = group
         self._real = host.real(path)
         self._handler = handler
-        self._gid = _group_gid(group) if group is not None else None
+        self.access = Access(
+            _group_gid(group, "control_group") if group is not None else None,
+            _group_gid(admin_group, "admin_group") if admin_group is not None else None,
+            group,
+            admin_group,
+        )
         self._groups_of: GroupsOf = groups_of or (lambda cred: proc_groups(host, cred))
-        self._clients: dict[int, _Client] = {}
-        self._sock, self._ident = self._listen()
+        self._peer_of = peer_of or peercred
+        self._dir_mode: int | None = None  # the mode /run/gputuned had before search was added
+        sock, self._ident = self._listen()
+        super().__init__(sock)
 
     # -- the daemon's side ---------------------------------------------------------------
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
+    def pending(self) -> bool:
+        return any(self._has_line(c) for c in self.clients())
 
-    def client_fds(self) -> list[int]:
-        return list(self._clients)
-
-    def on_readable(self, fd: int) -> None:
-        """Accept (listening fd) or read, answer every complete line, and drop broken clients."""
-        if fd == self._sock.fileno():
-            self._accept_all()
-        elif (client := self._clients.get(fd)) is not None:
-            self._read(client)
-
-    def expire(self, now: float) -> None:
-        """Drop clients whose current request line began more than 10 s before ``now``."""
-        for client in list(self._clients.values()):
-            if client.buf and now - client.line_started > IDLE_TIMEOUT_S:
-                log.info("control socket: dropped %s: request line unfinished", client.cred)
-                self._drop(
-                    client,
-                    _error(f"request not finished within {IDLE_TIMEOUT_S:g} s; send whole lines"),
-                )
+    def serve(self) -> None:
+        """Answer up to LINES_PER_TURN waiting requests: one per client per round, root first."""
+        budget = LINES_PER_TURN
+        while budget > 0:
+            ready = sorted(
+                (c for c in self.clients() if self._has_line(c)), key=lambda c: c.peer.uid != 0
+            )
+            if not ready:
+                break
+            for client in ready[:budget]:
+                budget -= 1
+                self._answer_next(client)
 
     def close(self) -> None:
-        """Close every connection and the socket; remove the socket file if it is still ours."""
-        for client in list(self._clients.values()):
-            self._drop(client)
-        if self._sock.fileno() < 0:
+        """Close every connection and the socket; remove the socket file if it is still ours,
+        and give its directory back the mode it had."""
+        listening = self.fileno() >= 0
+        super().close()
+        if not listening:
             return
-        self._sock.close()
         try:
             st = os.lstat(self._real)
         except OSError:
-            return
-        if (st.st_dev, st.st_ino) == self._ident:  # not a successor's socket
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == self._ident:  # not a successor's
             try:
                 os.unlink(self._real)
             except OSError as exc:
                 log.warning("control socket: could not remove %s: %s", self.path, exc)
+        if self._dir_mode is not None:
+            try:
+                os.chmod(os.path.dirname(self._real), self._dir_mode)
+            except OSError as exc:
+                log.warning("control socket: could not restore the mode of its directory: %s", exc)
 
-    def __enter__(self) -> ControlServer:
-        return self
+    # -- admission -----------------------------------------------------------------------
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def admit(self, conn: socket.socket, addr: Any) -> tuple[Any, bytes | None]:
+        cred: PeerCred = self._peer_of(conn)
+        if not self.access.may_connect(cred, self._groups_of):
+            log.warning("control socket: refused %s: not root or in the control group", cred)
+            msg = (
+                f"permission denied: gputuned's control socket is for {self.access.who_connects()}"
+            )
+            return cred, encode(error(msg))
+        clients = [c.peer for c in self.clients()]
+        others = sum(1 for p in clients if p.uid != 0)
+        mine = sum(1 for p in clients if p.uid == cred.uid)
+        full = len(clients) >= MAX_CLIENTS or (
+            cred.uid != 0 and (others >= MAX_CLIENTS - ROOT_RESERVED or mine >= PER_USER)
+        )
+        if full:
+            log.warning("control socket: refused %s: %d clients already", cred, len(clients))
+            limit = MAX_CLIENTS if cred.uid == 0 else PER_USER
+            msg = (
+                f"too many clients on gputuned's control socket (max {MAX_CLIENTS}, "
+                f"{limit} for you); close some and retry"
+            )
+            return cred, encode(error(msg))
+        return cred, None
+
+    # -- requests ------------------------------------------------------------------------
+
+    def take(self, client: Client) -> None:
+        if client.eof and client.inbuf and not client.inbuf.endswith(b"\n"):
+            client.inbuf += b"\n"  # EOF ends a last request sent without its newline
+        if client.inbuf.find(b"\n", 0, MAX_LINE + 1) < 0 and len(client.inbuf) > MAX_LINE:
+            log.warning("control socket: dropped %s: request over %d bytes", client.peer, MAX_LINE)
+            self.drop(client, encode(error(f"request too large (max {MAX_LINE} bytes)")))
+        elif client.eof and not self._has_line(client) and not client.outbuf:
+            self.drop(client)
+
+    def timed_out(self, client: Client) -> bytes:
+        if client.inbuf.strip():
+            log.info("control socket: dropped %s: request line unfinished", client.peer)
+            why = f"request not finished within {IDLE_TIMEOUT_S:g} s; send whole lines"
+        else:
+            log.info("control socket: dropped %s: idle", client.peer)
+            why = f"idle for {IDLE_TIMEOUT_S:g} s; connect again when there is a request to send"
+        return encode(error(why))
+
+    def waits_for_us(self, client: Client) -> bool:
+        return self._has_line(client)
+
+    @staticmethod
+    def _has_line(client: Client) -> bool:
+        return not client.outbuf and client.inbuf.find(b"\n", 0, MAX_LINE + 1) >= 0
+
+    def _answer_next(self, client: Client) -> None:
+        nl = client.inbuf.find(b"\n", 0, MAX_LINE + 1)
+        line = bytes(client.inbuf[:nl])
+        del client.inbuf[: nl + 1]
+        if line.strip():
+            self.send(client, encode(self.respond(line, client.peer)))
+            self.answered(client)
+        if client.fd in self.client_fds():
+            self.take(client)  # an oversized line may follow; EOF may be all that is left
+
+    def respond(self, line: bytes, cred: PeerCred) -> dict[str, Any]:
+        """The response to one request line. Never raises: whatever fails is an error reply."""
+        cmd = "?"
+        try:
+            req = parse_request(line)
+            cmd = str(req["cmd"])
+            if cmd in CHANGING and not self.access.may_change(cred, self._groups_of):
+                log.warning("control socket: refused %r from %s: it changes the host", cmd, cred)
+                return error(
+                    f"permission denied: {cmd!r} changes the host; only "
+                    f"{self.access.who_changes()} may send it (read-only: "
+                    f"{', '.join(sorted(READ_ONLY))})"
+                )
+            body = self._handler(req, cred)
+        except errors.GputunedError as exc:
+            return error(str(exc))
+        except Exception as exc:
+            log.exception("control socket: command %r from %s failed", cmd[:40], cred)
+            # Only root sees the exception's text: it may quote a file the peer cannot read.
+            what = f"{type(exc).__name__}: {exc}" if cred.uid == 0 else type(exc).__name__
+            return internal(cmd, what[:500])
+        if not isinstance(body, dict):
+            return internal(cmd, f"its handler returned {type(body).__name__}, not an object")
+        resp: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True}
+        resp.update(body)
+        resp["v"] = PROTOCOL_VERSION
+        try:
+            encode(resp)
+        except (TypeError, ValueError) as exc:
+            return internal(cmd, f"its result is not JSON: {exc}")
+        return resp
 
     # -- setting up ----------------------------------------------------------------------
 
@@ -219,7 +275,7 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
-                _via_short_path(self._real, sock.bind)
+                via_short_path(self._real, sock.bind)
             except OSError as exc:
                 if exc.errno == E.EADDRINUSE:
                     raise errors.Busy(
@@ -231,225 +287,66 @@ class ControlServer:
                 raise translate(exc, "bind control socket", self.path) from exc
             try:
                 st = os.lstat(self._real)
-                if self._gid is None:
-                    os.chmod(self._real, 0o600)
-                else:
-                    os.chown(self._real, -1, self._gid)
-                    os.chmod(self._real, 0o660)
-                    _open_for_search(self.host.real(parent), parent)
+                self._set_mode(parent)
             except OSError as exc:
                 os.unlink(self._real)
-                raise translate(exc, "set the mode of", self.path) from exc
+                raise _mode_error(exc, self.path) from exc
             # Only now may connections queue: the file already has its final mode and group.
             sock.listen(MAX_CLIENTS)
-            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
         return sock, (st.st_dev, st.st_ino)
 
-    # -- connections ---------------------------------------------------------------------
-
-    def _accept_all(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:  # EMFILE and friends: leave the rest queued for later
-                log.warning("control socket: accept failed: %s", exc)
-                return
-            conn.setblocking(False)
-            cred = _peercred(conn)
-            if not peer_allowed(cred, self._gid, self._groups_of):
-                log.warning("control socket: refused %s: not root or in the control group", cred)
-                who = f"root (or group {self.group})" if self.group else "root"
-                msg = f"permission denied: gputuned's control socket is for {who}"
-                _send_and_close(conn, _error(msg))
-            elif len(self._clients) >= MAX_CLIENTS:
-                log.warning("control socket: refused %s: %d clients already", cred, MAX_CLIENTS)
-                msg = f"too many clients on gputuned's control socket (max {MAX_CLIENTS}); retry"
-                _send_and_close(conn, _error(msg))
-            else:
-                self._clients[conn.fileno()] = _Client(conn, cred)
-
-    def _read(self, client: _Client) -> None:
-        try:
-            data = client.sock.recv(MAX_LINE + 1)
-        except BlockingIOError:
+    def _set_mode(self, parent: str) -> None:
+        # One file has one group: the control group's when there is one (admin_group members
+        # then need to be in it too to reach the file), else the admin group's.
+        gid = self.access.control_gid
+        gid = self.access.admin_gid if gid is None else gid
+        if gid is None:
+            os.chmod(self._real, 0o600)
             return
-        except OSError:
-            self._drop(client)
-            return
-        if not data:  # EOF: answer a last request sent without its newline, then hang up
-            if client.buf.strip():
-                self._answer(client, bytes(client.buf))
-            self._drop(client)
-            return
-        if not client.buf:
-            client.line_started = time.monotonic()
-        client.buf += data
-        # A newline past MAX_LINE bytes ends a line that is already too large.
-        while (nl := client.buf.find(b"\n", 0, MAX_LINE + 1)) >= 0:
-            line = bytes(client.buf[:nl])
-            del client.buf[: nl + 1]
-            if not self._answer(client, line):
-                return
-            client.line_started = time.monotonic()
-        if len(client.buf) > MAX_LINE:
-            log.warning("control socket: dropped %s: request over %d bytes", client.cred, MAX_LINE)
-            self._drop(client, _error(f"request too large (max {MAX_LINE} bytes)"))
-
-    def _answer(self, client: _Client, line: bytes) -> bool:
-        """Send the response to one line; False when the client was dropped."""
-        if not line.strip():
-            return True
-        data = _encode(self._respond(line, client.cred))
-        try:
-            client.sock.settimeout(SEND_TIMEOUT_S)
-            client.sock.sendall(data)
-            client.sock.setblocking(False)
-        except OSError as exc:  # TimeoutError included: the client stopped reading
-            log.info("control socket: dropped %s: %s", client.cred, exc)
-            self._drop(client)
-            return False
-        return True
-
-    def _respond(self, line: bytes, cred: PeerCred) -> dict[str, Any]:
-        try:
-            req = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            return _error("request is not UTF-8; send one UTF-8 JSON object per line")
-        except json.JSONDecodeError as exc:
-            return _error(
-                f"request is not valid JSON ({exc.msg} at column {exc.colno}); "
-                'send one JSON object per line, like {"v": 1, "cmd": "status"}'
-            )
-        except RecursionError:  # "[[[[..." within the line limit: json gives up, not the daemon
-            return _error(
-                'request nests too deeply; send one JSON object per line, like {"v": 1, "cmd": "status"}'
-            )
-        if not isinstance(req, dict):
-            return _error(
-                f"request must be a JSON object, not {type(req).__name__}; "
-                'send one per line, like {"v": 1, "cmd": "status"}'
-            )
-        if "v" not in req:
-            return _error(
-                f'request has no "v"; this daemon speaks protocol version {PROTOCOL_VERSION}: send "v": {PROTOCOL_VERSION}'
-            )
-        v = req["v"]
-        if type(v) is not int or v != PROTOCOL_VERSION:
-            return _error(
-                f"unsupported protocol version {json.dumps(v)}; this daemon speaks {PROTOCOL_VERSION}"
-            )
-        cmd = req.get("cmd")
-        if not isinstance(cmd, str) or not cmd:
-            return _error('request has no "cmd"; send "cmd": the name of a command, like "status"')
-        try:
-            body = self._handler(req, cred)
-        except errors.GputunedError as exc:
-            return _error(str(exc))
-        except Exception as exc:
-            log.exception("control socket: command %r from %s failed", cmd, cred)
-            return _internal(cmd, f"{type(exc).__name__}: {exc}")
-        if not isinstance(body, dict):
-            return _internal(cmd, f"its handler returned {type(body).__name__}, not an object")
-        resp: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": True}
-        resp.update(body)
-        resp["v"] = PROTOCOL_VERSION
-        try:
-            json.dumps(resp)
-        except (TypeError, ValueError) as exc:
-            return _internal(cmd, f"its result is not JSON: {exc}")
-        return resp
-
-    def _drop(self, client: _Client, last: dict[str, Any] | None = None) -> None:
-        self._clients.pop(client.sock.fileno(), None)
-        if last is not None:
-            _send_and_close(client.sock, last)
-        else:
-            client.sock.close()
+        os.chown(self._real, -1, gid)
+        os.chmod(self._real, 0o660)
+        self._dir_mode = _open_for_search(self.host.real(parent), parent)
 
 
-def _peercred(sock: socket.socket) -> PeerCred:
-    return PeerCred(
-        *_UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    )
+def _mode_error(exc: OSError, hpath: str) -> errors.HostError:
+    if exc.errno == E.EPERM:
+        return errors.PermissionDenied(
+            f"set the group of {hpath}: permission denied (EPERM); giving the socket to the "
+            "control group needs CAP_CHOWN (add it to CapabilityBoundingSet= of the unit)",
+            path=hpath,
+            errno=exc.errno,
+        )
+    return translate(exc, "set the mode of", hpath)
 
 
-def _error(message: str) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "ok": False, "error": message}
-
-
-def _internal(cmd: str, what: str) -> dict[str, Any]:
-    return _error(
-        f"internal error in gputuned while running {cmd!r} ({what}); the daemon's log has the "
-        "traceback: please report it"
-    )
-
-
-def _encode(resp: dict[str, Any]) -> bytes:
-    return json.dumps(resp, separators=(",", ":")).encode() + b"\n"
-
-
-def _send_and_close(sock: socket.socket, resp: dict[str, Any]) -> None:
-    """Best effort: one small line into an empty socket buffer never blocks."""
-    try:
-        sock.setblocking(False)
-        sock.send(_encode(resp))
-    except OSError:
-        pass
-    finally:
-        sock.close()
-
-
-def _group_gid(group: str) -> int:
+def _group_gid(group: str, key: str) -> int:
     try:
         return grp.getgrnam(group).gr_gid
     except KeyError:
         raise errors.InvalidValue(
-            f"control socket group {group!r} does not exist; create it (groupadd {group}) or "
-            "leave the group setting out (root only)"
+            f"[daemon] {key} {group!r} does not exist; create it (groupadd {group}) or "
+            "leave the setting out (root only)"
         ) from None
 
 
-def _open_for_search(real_dir: str, hpath: str) -> None:
-    """Give everyone search (not read) permission on the socket's directory.
+def _open_for_search(real_dir: str, hpath: str) -> int | None:
+    """Give everyone search (not read) permission on the socket's directory; return the mode
+    it had when it changed (to put back at close), else None.
 
     The group's 0660 on the socket is checked only after path lookup reaches it; /run/gputuned
     is 0700. Search alone lists nothing, and the journal and lock inside stay 0600.
     """
     mode = stat.S_IMODE(os.stat(real_dir).st_mode)
-    if mode & 0o011 != 0o011:
-        log.info(
-            "control socket: %s made searchable (mode %o) for the control group",
-            hpath,
-            mode | 0o011,
-        )
-        os.chmod(real_dir, mode | 0o011)  # noqa: S103  search only; nothing is listed
-
-
-def _via_short_path(real: str, op: Callable[[str], None]) -> None:
-    """bind(2) or connect(2) ``real``, also past sun_path's 108 bytes: through the directory's
-    /proc/self/fd entry, which the kernel resolves like the directory itself."""
-    if len(os.fsencode(real)) < _SUN_PATH_MAX:
-        op(real)
-        return
-    parent, _, name = real.rpartition("/")
-    fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY)
-    try:
-        op(f"/proc/self/fd/{fd}/{name}")
-    finally:
-        os.close(fd)
-
-
-def _probe(real: str) -> int:
-    """Connect to the socket at ``real`` and return the PID of whoever listens (OSError if none)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(_PROBE_TIMEOUT_S)
-        _via_short_path(real, s.connect)
-        return _peercred(s).pid
+    if mode & 0o011 == 0o011:
+        return None
+    log.info(
+        "control socket: %s made searchable (mode %o) for the control group", hpath, mode | 0o011
+    )
+    os.chmod(real_dir, mode | 0o011)  # noqa: S103  search only; nothing is listed
+    return mode
 
 
 def _remove_stale(real: str, hpath: str) -> None:
@@ -467,7 +364,7 @@ def _remove_stale(real: str, hpath: str) -> None:
             errno=E.EEXIST,
         )
     try:
-        pid = _probe(real)
+        pid = probe(real)
     except TimeoutError:
         raise errors.Busy(
             f"another gputuned daemon holds {hpath} but accepts no connection; stop it first",
@@ -491,113 +388,3 @@ def _remove_stale(real: str, hpath: str) -> None:
         path=hpath,
         errno=E.EADDRINUSE,
     )
-
-
-# -- the client ---------------------------------------------------------------------------
-
-
-def request(
-    host: Host,
-    message: dict[str, Any],
-    *,
-    timeout: float = 30.0,
-    path: str = CONTROL_SOCKET,
-) -> dict[str, Any]:
-    """Send ``message`` (``"v": 1`` added unless it names a version) and return the response.
-
-    Raises TargetGone when no daemon listens (the CLI then runs the command itself),
-    PermissionDenied when the socket's mode keeps this user out, GputunedError with the daemon's
-    message for an ``"ok": false`` response, HostError when the daemon does not answer in time.
-    """
-    line = _encode({"v": PROTOCOL_VERSION, **message})
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            _via_short_path(host.real(path), s.connect)
-            # A refused client is hung up on at once: its reason is still there to be read.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                s.sendall(line)
-            reply = _read_line(s, deadline)
-    except TimeoutError:
-        raise errors.HostError(
-            f"gputuned daemon did not answer within {timeout:g} s on {path}; is it hung? "
-            "(journalctl -u gputuned)",
-            path=path,
-            errno=E.ETIMEDOUT,
-        ) from None
-    except OSError as exc:
-        raise _client_error(exc, path) from exc
-    return _parse_response(reply, path)
-
-
-def daemon_running(host: Host, path: str = CONTROL_SOCKET) -> bool:
-    """True when a daemon answers on the control socket.
-
-    Also True when the socket exists but its mode keeps this user out: a non-root user cannot
-    tell a live daemon from a stale file then, and must be told to use root either way.
-    """
-    try:
-        _probe(host.real(path))
-    except TimeoutError:
-        return True  # its queue is full: alive, busy
-    except OSError as exc:
-        if exc.errno in _NOT_RUNNING:
-            return False
-        if exc.errno in (E.EACCES, E.EPERM):
-            return True
-        raise translate(exc, "connect to", path) from exc
-    return True
-
-
-def _read_line(s: socket.socket, deadline: float) -> bytes:
-    buf = bytearray()
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        s.settimeout(left)
-        try:
-            chunk = s.recv(65536)
-        except ConnectionResetError:
-            chunk = b""
-        if not chunk:
-            break
-        buf += chunk
-        if len(buf) > _MAX_RESPONSE:
-            raise errors.HostError(f"gputuned daemon sent a response over {_MAX_RESPONSE} bytes")
-    return bytes(buf.partition(b"\n")[0]) if b"\n" in buf else b""
-
-
-def _client_error(exc: OSError, path: str) -> errors.HostError:
-    if exc.errno in _NOT_RUNNING:
-        return errors.TargetGone("gputuned daemon not running", path=path, errno=exc.errno)
-    if exc.errno in (E.EACCES, E.EPERM):
-        return errors.PermissionDenied(
-            f"cannot connect to gputuned's control socket {path}: permission denied; run "
-            "gputunectl as root (or as a member of the daemon's control group)",
-            path=path,
-            errno=exc.errno,
-        )
-    return translate(exc, "talk to gputuned daemon through", path)
-
-
-def _parse_response(reply: bytes, path: str) -> dict[str, Any]:
-    if not reply:
-        raise errors.HostError(
-            f"gputuned daemon closed {path} without answering; see its log (journalctl -u gputuned)",
-            path=path,
-        )
-    try:
-        resp = json.loads(reply)
-    except ValueError:
-        resp = None
-    if not isinstance(resp, dict) or resp.get("v") != PROTOCOL_VERSION:
-        raise errors.HostError(
-            f"gputuned daemon answered on {path} in a form this gputunectl does not understand "
-            f"(protocol {PROTOCOL_VERSION} expected); are both from the same gputuned version?",
-            path=path,
-        )
-    if resp.get("ok") is not True:
-        raise errors.GputunedError(str(resp.get("error") or "gputuned daemon reported an error"))
-    return resp

@@ -1,15 +1,22 @@
 """A tiny HTTP server for Prometheus: ``GET /metrics`` on a local port, driven by the daemon's loop.
 
-Off unless the profile's ``[daemon] metrics_port`` sets a port. It binds 127.0.0.1 only: the
-figures name processes, and a scraper on another machine can go through node_exporter's textfile
-collector (``gputunectl verify --prometheus FILE``) or a local proxy.
+Off unless the profile's ``[daemon] metrics_port`` sets a port. It binds ``metrics_address``
+(127.0.0.1 unless set). The figures name processes (their PIDs and commands), which a host
+mounting /proc with ``hidepid`` keeps from other users, so not every local user may scrape
+(issue 14, finding 10):
 
-Like :class:`gputuned.host.control.ControlServer` it never blocks the daemon: every socket is
-non-blocking and driven by the daemon's selector. :meth:`MetricsServer.attach` registers the
-listening socket and each client with a :class:`~gputuned.host.loop.Loop` and unregisters a
-client *before* closing it (a closed fd's number is reused by the next accept; a registration
-left behind would hide the new client). Without ``attach``, watch :meth:`fileno` and
-:meth:`client_fds` and call :meth:`on_readable` yourself.
+- a connection from this machine is let in when the user that owns the client's socket (the
+  kernel says, :mod:`gputuned.host.sockdiag`) is root, or is named in ``metrics_allow`` (a
+  user name, or ``@group`` for every member of a group);
+- a connection from elsewhere is let in when its address lies in a network named there
+  (``10.0.0.0/8``, ``2001:db8::/32``; a bare address is a /32 or /128);
+- everyone else gets ``403 Forbidden`` at once, before any figure is collected.
+
+Like the control socket it never blocks the daemon (:mod:`gputuned.host.sockserve`): every
+socket is non-blocking, output the socket buffer does not take waits for a writable event.
+Scrapes never delay the daemon's real work: the figures are collected at most once per
+``min_interval_s`` (1 s) whatever the number of scrapers, and the daemon's loop takes process
+events before any scraper that became readable at the same time.
 
 HTTP/1.0 and 1.1 requests are answered once and the connection closed (``Connection: close``);
 ``GET`` and ``HEAD`` of ``/metrics`` (any query string) give the exposition text, ``/`` a
@@ -20,17 +27,17 @@ complete 5 s after the connection was accepted is dropped, a 17th concurrent cli
 from __future__ import annotations
 
 import errno as E
+import ipaddress
 import logging
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from gputuned import errors
 from gputuned.host.fs import translate
-
-if TYPE_CHECKING:
-    from gputuned.host.loop import Loop
+from gputuned.host.sockdiag import tcp_owner
+from gputuned.host.sockserve import Client, StreamServer
+from gputuned.host.users import GroupCache
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +49,62 @@ SEND_TIMEOUT_S = 1.0
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+#: (client address, our address) -> the uid owning the client's socket, None when not local.
+OwnerOf = Callable[[tuple[str, int], tuple[str, int]], int | None]
 
 
-@dataclass
-class _Client:
-    sock: socket.socket
-    accepted: float
-    buf: bytearray = field(default_factory=bytearray)
+class Allowed:
+    """Who may scrape: root and ``uids`` or members of ``gids`` from this machine, and the
+    clients of ``networks`` from others."""
+
+    def __init__(
+        self,
+        uids: Iterable[int] = (),
+        gids: Iterable[int] = (),
+        networks: Iterable[Network] = (),
+        *,
+        owner_of: OwnerOf = tcp_owner,
+    ) -> None:
+        self.uids = frozenset(uids)
+        self.gids = frozenset(gids)
+        self.networks = tuple(networks)
+        self._owner_of = owner_of
+        self._groups = GroupCache()
+
+    def check(self, client: tuple[str, int], server: tuple[str, int]) -> str | None:
+        """Why the client is refused (None: let in)."""
+        uid = self._owner_of(client, server)
+        if uid is not None:
+            if uid == 0 or uid in self.uids or self.gids & self._groups.groups(uid):
+                return None
+            return f"local user {uid} is not in [daemon] metrics_allow"
+        addr = ipaddress.ip_address(client[0].split("%", 1)[0])
+        if any(addr in net for net in self.networks):
+            return None
+        return f"{client[0]} is not in a network of [daemon] metrics_allow"
 
 
-class MetricsServer:
-    """Serve ``render()`` at ``http://ADDRESS:PORT/metrics``.
+class MetricsServer(StreamServer):
+    """Serve ``render()`` at ``http://ADDRESS:PORT/metrics`` to the clients ``allowed`` lets in.
 
-    ``render`` runs in the daemon's thread on each scrape; an exception becomes a 500 (logged).
-    ``clock`` gives monotonic seconds for the 5 s request deadline.
+    ``render`` runs in the daemon's thread, at most once per ``min_interval_s``; an exception
+    becomes a 500 (logged). ``clock`` gives monotonic seconds for deadlines and the cache.
     """
+
+    name = "metrics"
+    idle_timeout_s = IDLE_TIMEOUT_S
+    send_timeout_s = SEND_TIMEOUT_S
+    recv_size = MAX_HEAD + 1
+    accept_per_turn = 16
+    min_interval_s = 1.0
 
     def __init__(
         self,
@@ -70,64 +112,63 @@ class MetricsServer:
         *,
         port: int,
         address: str = "127.0.0.1",
+        allowed: Allowed | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self._render = render
-        self._clock = clock or time.monotonic
-        self._clients: dict[int, _Client] = {}
-        self._loop: Loop | None = None
         self.address = address
-        self._sock = self._listen(address, port)
+        self.allowed = allowed if allowed is not None else Allowed()
+        self._cache: tuple[float, str] | None = None
+        self.renders = 0  # how often the figures were collected (tests, docs)
+        super().__init__(self._listen(address, port), clock=clock)
         self.port: int = self._sock.getsockname()[1]
 
-    # -- the daemon's side ---------------------------------------------------------------
+    # -- StreamServer --------------------------------------------------------------------
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
+    def admit(self, conn: socket.socket, addr: Any) -> tuple[Any, bytes | None]:
+        if len(self.client_fds()) >= MAX_CLIENTS:
+            return addr, _response(503, "too many scrapers at once; retry\n")
+        why = self.allowed.check(addr[:2], self._sock.getsockname()[:2])
+        if why is not None:
+            log.info("metrics: refused %s: %s", addr[0], why)
+            return addr, _response(403, f"not allowed: {why}\n")
+        return addr, None
 
-    def client_fds(self) -> list[int]:
-        return list(self._clients)
-
-    def attach(self, loop: Loop) -> None:
-        """Let ``loop`` drive this server: the listening socket and every client as it comes."""
-        self._loop = loop
-        loop.add_reader(self.fileno(), self.on_readable)
-
-    def on_readable(self, fd: int) -> None:
-        """Accept (listening fd), or read a client's request and answer it once it is whole."""
-        if fd == self._sock.fileno():
-            self._accept_all()
-        elif (client := self._clients.get(fd)) is not None:
-            self._read(client)
-
-    def expire(self, now: float) -> None:
-        """Drop clients whose request is not complete ``IDLE_TIMEOUT_S`` after accept."""
-        for client in list(self._clients.values()):
-            if now - client.accepted > IDLE_TIMEOUT_S:
-                log.info("metrics: dropped a client: request not complete in %g s", IDLE_TIMEOUT_S)
-                self._drop(client)
-
-    def close(self) -> None:
-        for client in list(self._clients.values()):
-            self._drop(client)
-        if self._sock.fileno() >= 0:
-            if self._loop is not None:
-                self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def take(self, client: Client) -> None:
+        if client.eof and not client.inbuf:
+            self.drop(client)
+            return
+        end = _head_end(client.inbuf)
+        if end < 0:
+            if len(client.inbuf) > MAX_HEAD:
+                self.send(
+                    client, _response(431, f"request head over {MAX_HEAD} bytes\n"), hang_up=True
+                )
+            elif client.eof:
+                self.drop(client)
+            return
+        head = bytes(client.inbuf[:end])
+        client.inbuf.clear()
+        self.send(client, self._respond(head), hang_up=True)
 
     # -- internals -----------------------------------------------------------------------
 
     @staticmethod
     def _listen(address: str, port: int) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        where = f"{address}:{port}"
+        try:
+            family = (
+                socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+            )
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except ValueError:
+            raise errors.InvalidValue(
+                f"metrics address {address!r} is not an IP address; set [daemon] metrics_address "
+                "to one, such as 127.0.0.1"
+            ) from None
+        except OSError as exc:
+            # EAFNOSUPPORT/EPERM: a sandbox without IP (systemd RestrictAddressFamilies=).
+            raise translate(exc, "open a TCP socket for metrics port", where) from exc
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -135,55 +176,27 @@ class MetricsServer:
             except OSError as exc:
                 if exc.errno == E.EADDRINUSE:
                     raise errors.Busy(
-                        f"metrics port {address}:{port} is in use by another program; choose "
+                        f"metrics port {where} is in use by another program; choose "
                         "another [daemon] metrics_port, or leave it unset to turn metrics off",
-                        path=f"{address}:{port}",
+                        path=where,
                         errno=exc.errno,
                     ) from exc
-                raise translate(exc, "bind metrics port", f"{address}:{port}") from exc
+                raise translate(exc, "bind metrics port", where) from exc
             sock.listen(MAX_CLIENTS)
-            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
         return sock
 
-    def _accept_all(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:  # EMFILE and friends: leave the rest queued
-                log.warning("metrics: accept failed: %s", exc)
-                return
-            conn.setblocking(False)
-            if len(self._clients) >= MAX_CLIENTS:
-                _send_and_close(conn, _response(503, "too many scrapers at once; retry\n"))
-                continue
-            client = _Client(conn, self._clock())
-            self._clients[conn.fileno()] = client
-            if self._loop is not None:
-                self._loop.add_reader(conn.fileno(), self.on_readable)
-
-    def _read(self, client: _Client) -> None:
-        try:
-            data = client.sock.recv(MAX_HEAD + 1)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._drop(client)
-            return
-        if not data:
-            self._drop(client)
-            return
-        client.buf += data
-        end = _head_end(client.buf)
-        if end < 0:
-            if len(client.buf) > MAX_HEAD:
-                self._answer(client, _response(431, f"request head over {MAX_HEAD} bytes\n"))
-            return
-        self._answer(client, self._respond(bytes(client.buf[:end])))
+    def _figures(self) -> str:
+        """The exposition text, collected at most once per ``min_interval_s``."""
+        now = self._clock()
+        if self._cache is not None and now - self._cache[0] < self.min_interval_s:
+            return self._cache[1]
+        self.renders += 1
+        text = self._render()
+        self._cache = (now, text)
+        return text
 
     def _respond(self, head: bytes) -> bytes:
         line = head.split(b"\n", 1)[0].strip().decode("latin-1")
@@ -195,7 +208,7 @@ class MetricsServer:
             return _response(405, "only GET and HEAD\n", extra="Allow: GET, HEAD\r\n")
         if target == "/metrics":
             try:
-                body = self._render()
+                body = self._figures()
             except Exception:
                 log.exception("metrics: collecting the figures failed")
                 return _response(500, "collecting the metrics failed; see gputuned's log\n")
@@ -203,29 +216,6 @@ class MetricsServer:
         if target == "/":
             return _response(200, "gputuned metrics: /metrics\n", head_only=method == "HEAD")
         return _response(404, "not found; the metrics are at /metrics\n")
-
-    def _answer(self, client: _Client, data: bytes) -> None:
-        try:
-            client.sock.settimeout(SEND_TIMEOUT_S)
-            client.sock.sendall(data)
-            # Closing with unread input makes the kernel send RST, which can destroy the answer
-            # before the client reads it (a refused, over-long request): read what is there.
-            client.sock.setblocking(False)
-            for _ in range(16):
-                if not client.sock.recv(65536):
-                    break
-        except BlockingIOError:
-            pass
-        except OSError as exc:  # TimeoutError included: the scraper stopped reading
-            log.info("metrics: could not answer a client: %s", exc)
-        self._drop(client)
-
-    def _drop(self, client: _Client) -> None:
-        fd = client.sock.fileno()
-        self._clients.pop(fd, None)
-        if self._loop is not None and fd >= 0:
-            self._loop.remove_reader(fd)  # before close: the number is free again after it
-        client.sock.close()
 
 
 def _head_end(buf: bytearray) -> int:
@@ -253,16 +243,3 @@ def _response(
         f"Connection: close\r\n{extra}\r\n"
     )
     return head.encode("latin-1") + (b"" if head_only else data)
-
-
-def _send_and_close(sock: socket.socket, data: bytes) -> None:
-    """Best effort: a short answer into an empty socket buffer never blocks. A request that
-    arrives after the close is answered by a reset instead: acceptable when overloaded."""
-    try:
-        sock.send(data)
-        sock.shutdown(socket.SHUT_WR)
-        sock.recv(65536)
-    except OSError:
-        pass
-    finally:
-        sock.close()

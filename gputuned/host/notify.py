@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import ClassVar
 
+from gputuned.textsafe import printable
+
 log = logging.getLogger(__name__)
 
 
@@ -67,7 +69,8 @@ class _PriorityPrefix(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         prio = self._LEVELS.get(record.levelno, 2)
-        return f"<{prio}>{super().format(record)}"
+        # Log lines quote process names and command lines: other users' text (textsafe).
+        return f"<{prio}>{printable(super().format(record), newlines=True)}"
 
 
 def setup_logging(*, debug: bool, to_journal: bool) -> str:

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
 from gputuned.host.fs import Host
-from gputuned.host.pciconfig import ConfigSpace, parse_config, read_registers
+from gputuned.host.pciconfig import (
+    MPS_CONTROL,
+    MPS_SUPPORTED,
+    NOT_RESPONDING,
+    OK,
+    ConfigSpace,
+    parse_config,
+    read_registers,
+)
 
 DEVICES = "/sys/bus/pci/devices"
 ASPM_POLICY = "/sys/module/pcie_aspm/parameters/policy"
@@ -51,19 +59,40 @@ class PciDevice:
     driver: str | None
     irqs: tuple[IrqInfo, ...]
     link_aspm: dict[str, str] = field(default_factory=dict)  # per-link ASPM files present
+    #: (vendor, device, class) from sysfs: read from config space once, at enumeration, and
+    #: cached by the kernel. They still name a device whose config space no longer answers.
+    sysfs_ids: tuple[int, int, int] | None = None
+
+    def _ids(self) -> tuple[int, int, int]:
+        cfg = self.config
+        if cfg.state == NOT_RESPONDING and self.sysfs_ids is not None:
+            return self.sysfs_ids
+        return cfg.vendor, cfg.device, cfg.class_code
 
     @property
     def vendor(self) -> int:
-        return self.config.vendor
+        return self._ids()[0]
 
     @property
     def device(self) -> int:
-        return self.config.device
+        return self._ids()[1]
+
+    @property
+    def class_code(self) -> int:
+        return self._ids()[2]
 
     @property
     def is_gpu(self) -> bool:
         # Class 03 (display controller): 0300 VGA, 0302 3D controller (datacentre GPUs).
-        return (self.config.class_code >> 16) == 0x03 and self.vendor in GPU_VENDORS
+        return (self.class_code >> 16) == 0x03 and self.vendor in GPU_VENDORS
+
+    @property
+    def unusable(self) -> str | None:
+        """Why this function's registers cannot be used at all (None: they can)."""
+        if self.config.state == OK:
+            return None
+        why = self.config.unreadable[0][1]
+        return f"not responding: {why}" if self.config.state == NOT_RESPONDING else why
 
 
 @dataclass(frozen=True)
@@ -94,10 +123,10 @@ class PciTopology:
 
         A receiver treats a TLP larger than its MPS as malformed (PCIe r6.0 2.2.2), so one
         setting must fit every hop from the root port down (cf. pcie_bus_safe in
-        drivers/pci/probe.c).
+        drivers/pci/probe.c). None when no function has a PCIe capability, or when one
+        function's DevCap is unreadable (see :meth:`mps_unreadable`): the minimum is unknown.
         """
-        caps = [d.config.pcie.mps_supported for d in self.path(bdf) if d.config.pcie]
-        return min(caps) if caps else None
+        return _min_mps(self.path(bdf))
 
     def subtree(self, bdf: str) -> list[PciDevice]:
         """``bdf`` and every function below it."""
@@ -112,14 +141,41 @@ class PciTopology:
         path = self.path(bdf)
         if not path:
             return None
-        caps = [d.config.pcie.mps_supported for d in self.subtree(path[-1].bdf) if d.config.pcie]
-        return min(caps) if caps else None
+        return _min_mps(self.subtree(path[-1].bdf))
+
+    def mps_unreadable(self, devices: list[PciDevice]) -> list[str]:
+        """'BDF field: why' for each of ``devices`` whose MPS cannot be read: MPS must match
+        across them, and one unknown value makes any choice a guess."""
+        out = []
+        for d in devices:
+            if d.unusable is not None and (d.config.pcie is not None or d.is_gpu):
+                out.append(f"{d.bdf} {d.unusable}")
+            out += [
+                f"{d.bdf} {name} unreadable: {why}"
+                for name, why in d.config.unreadable
+                if name in (MPS_SUPPORTED, MPS_CONTROL)
+            ]
+        return out
 
     def gpus(self) -> list[PciDevice]:
         return [d for d in self.devices.values() if d.is_gpu]
 
     def pcie_functions(self) -> list[PciDevice]:
         return [d for d in self.devices.values() if d.config.pcie is not None]
+
+    def reported_functions(self) -> list[PciDevice]:
+        """What ``inspect --all`` lists: every PCIe function, and every function whose config
+        space could not be read in full (it may be one; what it is cannot be told)."""
+        return [
+            d for d in self.devices.values() if d.config.pcie is not None or d.config.unreadable
+        ]
+
+
+def _min_mps(devices: list[PciDevice]) -> int | None:
+    caps = [d.config.pcie.mps_supported for d in devices if d.config.pcie]
+    if not caps or any(c is None for c in caps):
+        return None
+    return min(c for c in caps if c is not None)
 
 
 def scan(host: Host, *, gpu_trees_only: bool = False) -> PciTopology:
@@ -170,6 +226,9 @@ def _read_device(host: Host, bdf: str) -> PciDevice:
     driver = None
     if host.exists(f"{sysfs}/driver"):
         driver = host.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
+    ids = None
+    if config.state == NOT_RESPONDING:
+        ids = _sysfs_ids(host, sysfs)
     return PciDevice(
         bdf=bdf,
         sysfs=sysfs,
@@ -180,7 +239,17 @@ def _read_device(host: Host, bdf: str) -> PciDevice:
         driver=driver,
         irqs=tuple(read_irq(host, n) for n in _msi_irqs(host, sysfs)),
         link_aspm=_link_files(host, sysfs),
+        sysfs_ids=ids,
     )
+
+
+def _sysfs_ids(host: Host, sysfs: str) -> tuple[int, int, int] | None:
+    """vendor, device and class as the kernel cached them at enumeration (sysfs attributes)."""
+    vals = [host.read_optional(f"{sysfs}/{a}") for a in ("vendor", "device", "class")]
+    try:
+        return (int(vals[0] or "", 16), int(vals[1] or "", 16), int(vals[2] or "", 16))
+    except ValueError:
+        return None
 
 
 def _msi_irqs(host: Host, sysfs: str) -> list[int]:
@@ -206,11 +275,15 @@ def read_irq(host: Host, irq: int) -> IrqInfo:
 
 
 def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
-    """The ASPM policy and, without writing, whether the OS owns ASPM here and why not.
+    """The ASPM policy and, from what can be read, whether the OS may change it and why not.
 
     The kernel refuses policy writes with EPERM when ``aspm_disabled`` is set: firmware kept
     ASPM (ACPI FADT "ASPM unsupported", or _OSC did not grant PCIe capability control) or
-    ``pcie_aspm=off`` was given (drivers/pci/pcie/aspm.c, pcie_aspm_set_policy). On a tree, the
+    ``pcie_aspm=off`` was given (drivers/pci/pcie/aspm.c, pcie_aspm_set_policy). The same flag
+    hides every per-link ASPM file (aspm_ctrl_attrs_are_visible), so files present mean the OS
+    owns ASPM. Nothing is written to find out: inspect, plan and verify are read-only, and as
+    another user the write would fail with EACCES whoever owns ASPM (issue 14, finding 22).
+    Where reading cannot tell, ``writable`` is None and apply's write decides. On a tree, the
     error recorded at capture time stands in for the kernel's answer.
     """
     raw = host.read_optional(ASPM_POLICY)
@@ -226,18 +299,6 @@ def read_aspm_policy(host: Host, topo: PciTopology, cmdline: str) -> AspmPolicy:
         return AspmPolicy(value, choices, False, "pcie_aspm=off on the kernel command line")
     if any(f.path == ASPM_POLICY and f.op == "write" and f.recorded for f in host.faults):
         return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
-    if host.live and value is not None:
-        # Ask the kernel: writing the current policy back returns before changing anything when
-        # the OS owns ASPM ("if (i == aspm_policy) return 0") and EPERM when it does not.
-        try:
-            host.write_text(ASPM_POLICY, value)
-        except errors.PermissionDenied:
-            return AspmPolicy(value, choices, False, _FIRMWARE_REASON)
-        except errors.HostError as exc:
-            return AspmPolicy(value, choices, None, f"policy write test failed: {exc}")
-        return AspmPolicy(
-            value, choices, True, "the OS controls ASPM (the kernel accepts the policy)"
-        )
     if any(d.link_aspm for d in topo.devices.values()):
         return AspmPolicy(
             value, choices, True, "the OS controls ASPM (per-link ASPM files present)"

@@ -7,23 +7,58 @@ profile layer, which never touches the machine itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import stat
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gputuned.errors import ProfileError
 
+if TYPE_CHECKING:
+    from gputuned.host.fs import Host
+
 #: Profiles are a few KiB; anything near this is not one (a log, /proc/kcore).
 MAX_USER_FILE = 1 << 20
+#: Where ``install-system`` puts the shipped profiles; ``gputunectl apply NAME`` and the
+#: daemon's ``apply`` by name look here (under the host root).
+PROFILE_DIR = "/etc/gputuned/profiles"
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.toml)?")
+
+
+def is_profile_name(text: str) -> bool:
+    """A bare name such as ``shared-host`` (no directory, no ``..``), as opposed to a path."""
+    return bool(_PROFILE_NAME.fullmatch(text))
+
+
+def named_profile(host: Host, name: str) -> Path:
+    """The file of profile ``name`` in :data:`PROFILE_DIR`; ProfileError if there is none."""
+    if not is_profile_name(name):
+        msg = "not a profile name: letters, digits, '_' and '-' (and '.toml'), no directory"
+        raise ProfileError(name[:80], [("", msg)])
+    stem = name.removesuffix(".toml")
+    path = host.path(f"{PROFILE_DIR}/{stem}.toml")
+    if not path.is_file():
+        try:
+            have = sorted(p.stem for p in host.path(PROFILE_DIR).glob("*.toml"))
+        except OSError:
+            have = []
+        where = f"{PROFILE_DIR}: {', '.join(have)}" if have else f"none in {PROFILE_DIR}"
+        raise ProfileError(stem, [("", f"no such profile; installed profiles: {where}")])
+    return path
 
 
 def read_user_file(path: str | Path) -> bytes:
     """Return the bytes of ``path``; a failure becomes a :class:`ProfileError` naming it.
 
-    Only a regular file of at most :data:`MAX_USER_FILE` bytes is read. The daemon reads the
-    path a control client names, as root: a FIFO, a device or /dev/zero would block it or feed
-    it without end. Run as root, a file that another user could have written is refused too
-    (see :func:`untrusted_reason`): whoever can change a profile decides what gputuned writes.
+    Only a regular file of at most :data:`MAX_USER_FILE` bytes is read: a FIFO, a device or
+    /dev/zero would block the reader or feed it without end. Run as root, a file that another
+    user could have written is refused too (see :func:`untrusted_reason`), and so is one in a
+    folder another user could write or owns, anywhere up to / (:func:`untrusted_folder`): they
+    could put another file in its place. Whoever can change a profile decides what gputuned
+    writes (issue 14, finding 12).
     """
     if "\0" in str(path):  # said here: Python's own words for it differ between versions
         raise ProfileError(str(path), [("", "cannot read: the path holds a NUL byte; check it")])
@@ -38,6 +73,10 @@ def read_user_file(path: str | Path) -> bytes:
                 st = os.fstat(f.fileno())  # the file read, not a path re-checked
                 not_regular = _not_regular(st)
                 why = None if not_regular else untrusted_reason(st)
+                fix = f"chown root {path} && chmod go-w {path}"
+                if not_regular is None and why is None:
+                    why = untrusted_folder(path, st)
+                    fix = "keep profiles in folders only root may change, such as /etc/gputuned"
                 if not_regular is None and why is None:
                     data = f.read(MAX_USER_FILE + 1)
                     if len(data) <= MAX_USER_FILE:
@@ -50,9 +89,34 @@ def read_user_file(path: str | Path) -> bytes:
     if not_regular is not None:
         msg = f"refused: not a regular file ({not_regular}); name a profile file"
         raise ProfileError(str(path), [("", msg)])
-    fix = f"chown root {path} && chmod go-w {path}"
     msg = f"refused: {why}; gputuned runs as root and would apply what another user wrote: {fix}"
     raise ProfileError(str(path), [("", msg)])
+
+
+def untrusted_folder(path: str | Path, st: os.stat_result) -> str | None:
+    """Why root must not trust the folders above the file ``st`` (opened from ``path``): one
+    that is not root's, or that others may write (a sticky one, such as /tmp, only where what
+    it holds is root's: others cannot remove or rename that), lets them swap the file."""
+    if os.geteuid() != 0:
+        return None
+    real = os.path.realpath(path)
+    try:
+        now = os.stat(real)
+    except OSError:
+        return "it moved while it was read"
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        return "it was replaced while it was read"
+    owner, folder = st.st_uid, os.path.dirname(real)
+    while True:
+        dst = os.lstat(folder)
+        if dst.st_uid != 0:
+            return f"the folder {folder} is owned by uid {dst.st_uid}, not root"
+        others_write = dst.st_mode & 0o002 or (dst.st_mode & 0o020 and dst.st_gid != 0)
+        if others_write and not (dst.st_mode & stat.S_ISVTX and owner == 0):
+            return f"the folder {folder} is writable by others"
+        if folder == "/":
+            return None
+        owner, folder = dst.st_uid, os.path.dirname(folder)
 
 
 def _not_regular(st: os.stat_result) -> str | None:
@@ -85,12 +149,25 @@ def untrusted_reason(st: os.stat_result) -> str | None:
 
 def write_user_file_atomic(path: str | Path, data: bytes) -> None:
     """Replace ``path`` atomically (temporary file beside it, then rename), as node_exporter's
-    textfile collector requires: it must never read a half-written file."""
+    textfile collector requires: it must never read a half-written file.
+
+    The folder may be writable by others (node_exporter's textfile folder belongs to its own
+    user): the temporary file gets an unpredictable name and is created with O_EXCL and
+    O_NOFOLLOW, so a link planted there is never followed (issue 14, finding 8); the rename
+    replaces a link at ``path`` itself, never the file it points to. Mode 0644: the collector
+    reads it as its own user.
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ProfileError(str(path), [("", f"cannot write: {exc.strerror or exc}")]) from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o644)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise ProfileError(str(path), [("", f"cannot write: {exc.strerror or exc}")]) from exc

@@ -105,6 +105,11 @@ class PcieAspmTuner:
         for gpu in topo.gpus():
             for dev in topo.path(gpu.bdf):
                 pcie = dev.config.pcie
+                if dev.bdf not in seen and dev.unusable is not None and dev.link_aspm:
+                    seen.add(dev.bdf)
+                    reason = f"{dev.unusable}; its link is left as it is"
+                    out.refused.append(Refusal(self.name, f"{dev.bdf} link", reason))
+                    continue
                 if dev.bdf in seen or pcie is None or pcie.port_type_name not in _LOWER_END:
                     continue
                 seen.add(dev.bdf)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.host.pci import PciDevice
-from gputuned.host.pciconfig import DEVCTL, payload_code
+from gputuned.host.pciconfig import DEVCTL, MRRS_CONTROL, payload_code
 
 #: Sizes the 3-bit MPS and MRRS fields encode (0..5); 6 and 7 are reserved.
 SIZES = (128, 256, 512, 1024, 2048, 4096)
@@ -132,40 +132,56 @@ class PciePayloadTuner:
         busy = {g.bdf: g.pids for g in ctx.snap.nvml or [] if g.pids}
         for gpu in ctx.snap.topo.gpus():
             pcie = gpu.config.pcie
+            wanted = [w for w, v in (("MRRS", cfg.mrrs), ("MPS", cfg.mps)) if v != "keep"]
+            if gpu.unusable is not None:
+                # A GPU that does not answer (or whose registers this user cannot read) keeps
+                # what it has: nothing here is known, so nothing is planned as a placeholder.
+                for what in wanted:
+                    reason = f"{gpu.unusable}; left as it is"
+                    out.refused.append(Refusal(self.name, f"{gpu.bdf} {what}", reason))
+                continue
             if pcie is None:
                 out.notes.append(f"pcie_payload: GPU {gpu.bdf} has no PCIe capability")
                 continue
             if cfg.mrrs != "keep":
-                why = "profile pcie_payload.mrrs (per requester; need not match the path)"
-                have = pcie.mrrs if pcie.mrrs is not None else 0
-                out.changes.append(
-                    field_change(
-                        self.name,
-                        gpu,
-                        "MRRS",
-                        MRRS_FIELD,
-                        have,
-                        int(cfg.mrrs),
-                        why,
-                        cfg.report_only,
-                    )
-                )
+                self._plan_mrrs(gpu, int(cfg.mrrs), cfg.report_only, out)
             if cfg.mps != "keep":
                 self._plan_mps(ctx, gpu, cfg, busy.get(gpu.bdf, ()), out)
         return out
+
+    def _plan_mrrs(self, gpu: PciDevice, want: int, report_only: bool, out: TunerPlan) -> None:
+        assert gpu.config.pcie is not None
+        have = gpu.config.pcie.mrrs
+        if have is None:
+            why = dict(gpu.config.unreadable)[MRRS_CONTROL]
+            reason = f"{MRRS_CONTROL} unreadable ({why}); left as it is"
+            out.refused.append(Refusal(self.name, f"{gpu.bdf} MRRS", reason))
+            return
+        why = "profile pcie_payload.mrrs (per requester; need not match the path)"
+        out.changes.append(
+            field_change(self.name, gpu, "MRRS", MRRS_FIELD, have, want, why, report_only)
+        )
 
     def _plan_mps(
         self, ctx: PlanContext, gpu: PciDevice, cfg: Config, pids: tuple[int, ...], out: TunerPlan
     ) -> None:
         topo = ctx.snap.topo
+        target = f"{gpu.bdf} MPS"
+        path = topo.path(gpu.bdf)
+        unknown = topo.mps_unreadable(topo.subtree(path[-1].bdf))
+        if unknown:
+            # MPS must match across the whole hierarchy: one value that cannot be read makes
+            # every choice a guess, and a wrong guess makes receivers drop TLPs.
+            reason = f"{'; '.join(unknown)}: MPS is left as it is under root port {path[-1].bdf}"
+            out.refused.append(Refusal(self.name, target, reason))
+            return
         path_max = topo.path_max_mps(gpu.bdf) or 128
         tree_max = topo.hierarchy_max_mps(gpu.bdf) or 128
         want = tree_max if cfg.mps == "max-safe" else int(cfg.mps)
-        target = f"{gpu.bdf} MPS"
         if want > path_max:
             weakest = min(
-                (d for d in topo.path(gpu.bdf) if d.config.pcie),
-                key=lambda d: d.config.pcie.mps_supported if d.config.pcie else 4096,
+                (d for d in path if d.config.pcie),
+                key=lambda d: d.config.pcie.mps_supported or 4096 if d.config.pcie else 4096,
             )
             out.refused.append(
                 Refusal(
@@ -216,15 +232,15 @@ class PciePayloadTuner:
         # Raising: ports nearest the root first, so the GPU (the big DMA writer) sends larger
         # TLPs only once everything above accepts them; lowering: the reverse.
         depth = {d.bdf: len(topo.path(d.bdf)) for d in tree}
-        raising = want > (gpu.config.pcie.mps if gpu.config.pcie else want)
+        raising = want > ((gpu.config.pcie.mps if gpu.config.pcie else None) or want)
         tree.sort(key=lambda d: (depth[d.bdf], d.bdf), reverse=not raising)
         why = "profile pcie_payload.mps; one value under the whole root port (pcie_bus_safe rule)"
         for d in tree:
             assert d.config.pcie is not None
             if any(c.key == f"pcie:{d.bdf}:MPS" for c in out.changes):
                 continue  # a sibling GPU under the same root port planned it already
+            have = d.config.pcie.mps
+            assert have is not None  # mps_unreadable() above refused the tree otherwise
             out.changes.append(
-                field_change(
-                    self.name, d, "MPS", MPS_FIELD, d.config.pcie.mps, want, why, cfg.report_only
-                )
+                field_change(self.name, d, "MPS", MPS_FIELD, have, want, why, cfg.report_only)
             )

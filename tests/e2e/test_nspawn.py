@@ -31,6 +31,17 @@ UNIT = "gputuned.service"
 WORKLOAD = "gputuned-e2e-workload.service"
 PROFILE = "/etc/gputuned/profiles/e2e.toml"
 PROBE_OUT = "/run/gputuned-e2e-probe.json"
+#: The groups and users e2e.toml's [daemon] names: a control-group member, a scraper the
+#: metrics port lets in, and a user it does not.
+GROUP, MEMBER, SCRAPER, OTHER = (
+    "gputuned-e2e", "gputuned-e2e-member", "gputuned-e2e-scraper", "gputuned-e2e-other",
+)  # fmt: skip
+METRICS = "http://127.0.0.1:9466/metrics"
+SCRAPE = (
+    "import sys, urllib.request, urllib.error\n"
+    "try:\n    r = urllib.request.urlopen(sys.argv[1], timeout=10); print(r.status, r.read().decode())\n"
+    "except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())\n"
+)
 #: Keys of gputuned.service's [Service] section that are about running it, not its sandbox.
 NOT_SANDBOX = {"Type", "NotifyAccess", "ExecStart", "ExecReload", "WatchdogSec", "Restart"}
 NOT_SANDBOX |= {"RestartSec"}
@@ -134,6 +145,11 @@ def test_boot(world: World) -> None:
         assert out == f"gputunectl {gputuned.__version__}"
         out = world.ct.run("gputuned", "--version").out.strip()
         assert out == f"gputuned {gputuned.__version__}"
+    with checking("users and groups the profile's [daemon] names"):
+        world.ct.run("groupadd", "--system", GROUP)
+        for name, group in ((MEMBER, GROUP), (SCRAPER, None), (OTHER, None)):
+            opts = ["--gid", group] if group else ["--user-group"]
+            world.ct.run("useradd", "--system", "--no-create-home", *opts, name)
     world.passed.add("boot")
 
 
@@ -206,7 +222,7 @@ def test_sandbox_allows_what_the_daemon_does(world: World) -> None:
         assert not broken, f"the sandbox refuses what the daemon needs: {broken}"
         assert "Read-only file system" in boxed["write /etc (must fail)"], boxed
         assert "Read-only file system" in boxed["write /root (must fail)"], boxed
-        assert "Address family not supported" in boxed["AF_INET socket (must fail)"], boxed
+        assert "Address family not supported" in boxed["AF_PACKET socket (must fail)"], boxed
         world.facts["not in this container"] = {k: plain[k] for k in needed if k not in here}
         c.detail = f"{len(here)} allowed, 3 refused; not testable here: " + (
             ", ".join(k for k in needed if k not in here) or "none"
@@ -356,6 +372,40 @@ def test_daemon_start(world: World) -> None:
     world.passed.add("start")
 
 
+def _as(ct: Container, user: str, *argv: str) -> harness.Result:
+    return ct.run("setpriv", f"--reuid={user}", f"--regid={user if user != MEMBER else GROUP}",
+                  "--init-groups", *argv, check=False)  # fmt: skip
+
+
+def test_daemon_options_under_the_unit(world: World) -> None:
+    """Every [daemon] option works under the shipped unit's sandbox (issue 14, finding 4):
+    control_group gives control.sock to the group (CAP_CHOWN), admin_group lets its members
+    change the host, metrics_port serves (AF_INET) to root and to metrics_allow's user and
+    refuses another (sock_diag)."""
+    world.need("start")
+    ct = world.ct
+    with checking("control_group: control.sock 0660 of the group; a member is served") as c:
+        st = ct.run("stat", "-c", "%a %G", "/run/gputuned/control.sock").out.split()
+        assert st == ["660", GROUP], st
+        r = _as(ct, MEMBER, "gputunectl", "status", "--json")
+        assert r.rc == 0 and json.loads(r.out)["daemon"], r
+        r = _as(ct, OTHER, "gputunectl", "status")
+        assert r.rc != 0 and "permission denied" in r.err, r
+        c.detail = f"socket {st[0]} {st[1]}; member served, another user refused"
+    with checking("admin_group: its member may apply (by name) through the daemon"):
+        r = _as(ct, MEMBER, "gputunectl", "apply", "e2e", "--json")
+        assert r.rc == 0 and json.loads(r.out)["failed"] == [], r
+    with checking("metrics_port: root and metrics_allow's user get 200, another user 403") as c:
+        r = ct.run("python3", "-c", SCRAPE, METRICS)
+        assert r.out.startswith("200 ") and "gputuned_info" in r.out, r
+        r = _as(ct, SCRAPER, "python3", "-c", SCRAPE, METRICS)
+        assert r.out.startswith("200 "), r
+        r = _as(ct, OTHER, "python3", "-c", SCRAPE, METRICS)
+        assert r.out.startswith("403 ") and "gputuned_process" not in r.out, r
+        c.detail = "200, 200, 403"
+    world.passed.add("daemon-options")
+
+
 def test_watchdog_restart(world: World) -> None:
     world.need("start")
     ct = world.ct
@@ -417,7 +467,9 @@ def test_stop_reverts(world: World) -> None:
         assert shown["ActiveState"] == "inactive", shown
         assert shown["Result"] == "success" and shown["ExecMainStatus"] == "0", shown
         assert world.placement() == world.facts["original"]
-        c.detail = f"back to nice/CPUs {world.facts['original']}"
+        mode = ct.run("stat", "-c", "%a", "/run/gputuned").out.strip()
+        assert mode == "700", f"/run/gputuned is {mode} after stop (finding 18)"
+        c.detail = f"back to nice/CPUs {world.facts['original']}; /run/gputuned 700"
     world.passed.add("stop")
 
 

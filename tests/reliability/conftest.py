@@ -7,12 +7,16 @@ digest to 12 hex digits for the printed tables.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +25,7 @@ import pytest
 from gputuned.actions import holds
 from gputuned.host import Host
 from gputuned.journal import Journal
+from tests.localuser import LocalUser, NoUser, local_user
 from tests.unit.test_apply import digest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,3 +111,78 @@ def terminal(capsys: pytest.CaptureFixture[str]) -> Iterator[list[str]]:
 def as_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: run scripts/test as root (CI does)")
+
+
+# ---- a real unprivileged user and a daemon it can reach (test_permissions, test_local_users) --
+
+#: The user the gauntlet plays (made when missing and removed again: tests/localuser.py).
+USER = "gputuned-test2"
+
+
+@pytest.fixture
+def user() -> Iterator[LocalUser]:
+    try:
+        with local_user(USER) as u:
+            yield u
+    except NoUser as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def open_tree() -> Iterator[Path]:
+    """A tree under a directory other users may traverse (pytest's own tmp dirs are 0700)."""
+    from tests.unit.test_apply import tree_copy
+
+    work = Path(tempfile.mkdtemp(prefix="gputuned-perm-"))
+    work.chmod(0o755)
+    try:
+        yield tree_copy("degraded-link", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def daemon(
+    root: Path, profile: Path, *, log: Path | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """A real gputuned on ``root``, ready when its control socket answers a status (the socket
+    is there before the start's apply, its requests are answered after); SIGTERM at the end
+    must make it exit 0. ``log``: its stderr goes there (a pipe fills up under many requests)."""
+    from gputuned.host.control import daemon_running, request
+
+    out = log.open("w") if log is not None else None
+    d = subprocess.Popen(
+        [sys.executable, "-m", "gputuned.daemon", "--root", str(root), "--profile", str(profile)],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=out if out is not None else subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not daemon_running(Host(root)):
+            err = log.read_text() if log is not None else ""
+            assert d.poll() is None, err[-800:] or d.communicate()[1][-800:]
+            assert time.monotonic() < deadline, "daemon not ready"
+            time.sleep(0.02)
+        request(Host(root), {"cmd": "status"}, timeout=30)
+        yield d
+        stop_daemon(d)
+    finally:
+        reap_daemon(d)
+        if out is not None:
+            out.close()
+
+
+def stop_daemon(d: subprocess.Popen[str]) -> None:
+    """SIGTERM: the daemon reverts and must exit 0."""
+    d.send_signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 0
+
+
+def reap_daemon(d: subprocess.Popen[str]) -> None:
+    """Kill a daemon a failed test left running."""
+    if d.poll() is None:
+        d.kill()
+        d.wait()

@@ -36,7 +36,14 @@ from gputuned.host.fs import WriteRecord
 from gputuned.host.state import JOURNAL, HostLock
 from gputuned.journal import Journal
 from gputuned.profile import load_profile
-from tests.reliability.conftest import REPO, cli, diff_keys, subprocess_env
+from tests.reliability.conftest import (
+    REPO,
+    cli,
+    diff_keys,
+    reap_daemon,
+    stop_daemon,
+    subprocess_env,
+)
 from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
 
 BUSY = "another gputuned apply or revert is running"
@@ -310,18 +317,16 @@ def test_sighup_storm_during_start_apply_and_reloads(tmp_path: Path, terminal: l
         with pytest.raises(errors.Busy, match=f"PID {d.pid}"):
             apply_profile(Host(root), load_profile(prof))
         # Two control-socket applies at once: the daemon's single loop serialises them.
+        data = load_profile(prof).model_dump(mode="json", by_alias=True, exclude_none=True)
         with ThreadPoolExecutor(2) as pool:
             answers = list(
-                pool.map(lambda _: request(host, {"cmd": "apply", "profile": str(prof)}), range(2))
+                pool.map(lambda _: request(host, {"cmd": "apply", "profile": data}), range(2))
             )
         assert all(a["ok"] and not a["failed"] for a in answers), answers
         assert journal_problems(root) == []
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(timeout=30) == 0
+        stop_daemon(d)
     finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
+        reap_daemon(d)
     after = digest(root)
     assert after == before, diff_keys(before, after)
     assert not (root / JOURNAL.lstrip("/")).exists()

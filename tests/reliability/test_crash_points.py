@@ -31,9 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gputuned import errors
 from gputuned.apply import apply_profile, revert_all
 from gputuned.host import Host
-from gputuned.host.control import daemon_running
+from gputuned.host.control import daemon_running, request
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
 from tests.conftest import TREES_DIR
@@ -163,14 +164,18 @@ class Gauntlet:
 
     @staticmethod
     def wait_ready(proc: subprocess.Popen[str], root: Path, timeout: float = 30) -> bool:
-        """True once the control socket answers (made after the start apply, before READY=1);
-        False if the daemon exits first."""
+        """True once the daemon answers a status (the socket is there before the start apply,
+        its first answer after it); False if the daemon exits first."""
         host = Host(root)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return False
             if daemon_running(host):
+                try:
+                    request(host, {"cmd": "status"}, timeout=max(0.1, deadline - time.monotonic()))
+                except errors.GputunedError:
+                    continue  # killed mid-apply: the connection closed unanswered
                 return True
             time.sleep(0.02)
         raise AssertionError("daemon not ready within 30 s")

@@ -34,7 +34,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -56,7 +55,7 @@ from gputuned.errors import GputunedError, ProfileError
 from gputuned.host import Host
 from gputuned.host.control import daemon_running, request
 from gputuned.profile import key_path, load_profile
-from tests.reliability.conftest import REPO, subprocess_env
+from tests.reliability.conftest import REPO, reap_daemon, stop_daemon, subprocess_env
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
 #: Documents per run (GPUTUNED_FUZZ_EXAMPLES overrides it, e.g. for a longer local run).
@@ -790,12 +789,9 @@ def _garbage_run(work: Path, terminal: list[str]) -> None:
         slow.close()
         trickle.close()
         assert serving()
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(timeout=30) == 0
+        stop_daemon(d)
     finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
+        reap_daemon(d)
     assert digest(root) == before
     terminal.append(
         f"control socket: {len(GARBAGE)} malformed requests (deep nesting, bad UTF-8, wrong "

@@ -16,17 +16,11 @@
 from __future__ import annotations
 
 import ast
-import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +33,14 @@ from gputuned.daemon import Daemon
 from gputuned.engine import plan_profile
 from gputuned.errors import ProfileError
 from gputuned.host import Host
-from gputuned.host.control import daemon_running, request
+from gputuned.host.control import request
 from gputuned.host.state import ACTIVE, JOURNAL, STATE
 from gputuned.profile import load_profile, parse_profile
 from gputuned.verify import verify_plan
-from tests.reliability.conftest import REPO, cli, subprocess_env
+from tests.localuser import LocalUser
+from tests.reliability.conftest import USER, cli, daemon
 from tests.unit.test_apply import PROFILES, SERVER_PID, digest, tree_copy
-from tests.users import python_for, system_user
 
-USER = "gputuned-test2"
 PACKAGE = Path(gputuned.__file__).parent
 
 # -- the control socket, with a real unprivileged user ----------------------------------------
@@ -82,72 +75,14 @@ print(json.dumps(out))
 """
 
 
-@dataclass(frozen=True)
-class User:
-    uid: int
-    gid: int
-    python: str
-
-    def client(self, sock: Path, *ids: str) -> dict[str, Any]:
-        cmd = ["setpriv", f"--reuid={self.uid}", *ids, self.python, "-c", CLIENT, str(sock)]
-        done = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=60, check=False, cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        out = json.loads(done.stdout)
-        assert isinstance(out, dict)
-        return out
+def client(user: LocalUser, sock: Path, *ids: str) -> dict[str, Any]:
+    """CLIENT as ``user`` (``ids``: setpriv's group options; default its own group)."""
+    out = user.python_json(CLIENT, str(sock), groups=ids, timeout=60)
+    assert isinstance(out, dict)
+    return out
 
 
-@pytest.fixture
-def user() -> Iterator[User]:
-    if os.geteuid() != 0:
-        pytest.skip("root is required: it makes a user and checks peers of other users")
-    with system_user(USER) as pw:
-        python = python_for(pw.pw_uid, pw.pw_gid)
-        if python is None:
-            pytest.skip(f"no Python interpreter that {USER} may run")
-        yield User(pw.pw_uid, pw.pw_gid, python)
-
-
-@pytest.fixture
-def open_tree() -> Iterator[Path]:
-    """A tree under a directory other users may traverse (pytest's own tmp dirs are 0700)."""
-    work = Path(tempfile.mkdtemp(prefix="gputuned-perm-"))
-    work.chmod(0o755)
-    try:
-        yield tree_copy("degraded-link", work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def daemon(root: Path, profile: Path) -> Iterator[subprocess.Popen[str]]:
-    d = subprocess.Popen(
-        [sys.executable, "-m", "gputuned.daemon", "--root", str(root), "--profile", str(profile)],
-        cwd=REPO,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not daemon_running(Host(root)):
-            assert d.poll() is None, d.communicate()[1][-800:]
-            assert time.monotonic() < deadline, "daemon not ready"
-            time.sleep(0.02)
-        yield d
-        d.send_signal(signal.SIGTERM)
-        assert d.wait(timeout=30) == 0
-    finally:
-        if d.poll() is None:
-            d.kill()
-            d.wait()
-
-
-def test_daemon_socket_refuses_unprivileged_peer(user: User, open_tree: Path) -> None:
+def test_daemon_socket_refuses_unprivileged_peer(user: LocalUser, open_tree: Path) -> None:
     root = open_tree
     before = digest(root)
     prof = root.parent / "prof.toml"
@@ -155,11 +90,11 @@ def test_daemon_socket_refuses_unprivileged_peer(user: User, open_tree: Path) ->
     sock = root / "run/gputuned/control.sock"
     with daemon(root, prof) as d:
         assert os.stat(sock).st_mode & 0o777 == 0o600
-        assert user.client(sock)["connect_errno"] == 13  # EACCES: /run/gputuned is 0700
+        assert client(user, sock)["connect_errno"] == 13  # EACCES: /run/gputuned is 0700
         # Let the kernel pass the user (this test only), so that SO_PEERCRED must refuse it.
         (root / "run/gputuned").chmod(0o711)
         sock.chmod(0o666)
-        out = user.client(sock)
+        out = client(user, sock)
         denied = "permission denied: gputuned's control socket is for root"
         assert out["line"] == {"v": 1, "ok": False, "error": denied}, out
         assert out["closed"] is True
@@ -170,7 +105,7 @@ def test_daemon_socket_refuses_unprivileged_peer(user: User, open_tree: Path) ->
     assert digest(root) == before
 
 
-def test_daemon_socket_accepts_the_control_group(user: User, open_tree: Path) -> None:
+def test_daemon_socket_accepts_the_control_group(user: LocalUser, open_tree: Path) -> None:
     root = open_tree
     prof = root.parent / "prof.toml"
     prof.write_text(
@@ -180,11 +115,11 @@ def test_daemon_socket_accepts_the_control_group(user: User, open_tree: Path) ->
     with daemon(root, prof):
         st = os.stat(sock)
         assert (st.st_mode & 0o777, st.st_gid) == (0o660, user.gid)
-        out = user.client(sock, f"--regid={user.gid}", "--init-groups")
+        out = client(user, sock, f"--regid={user.gid}", "--init-groups")
         assert out["line"]["ok"] is True, out
         assert out["line"]["active_profile"] == "shared-host"
         sock.chmod(0o666)  # outside the group, the peer check still refuses
-        out = user.client(sock, "--regid=65534", "--clear-groups")
+        out = client(user, sock, "--regid=65534", "--clear-groups")
         assert out["line"]["ok"] is False and "permission denied" in out["line"]["error"]
 
 
@@ -238,7 +173,7 @@ def test_journal_that_is_a_link_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("as_root")
-def test_profile_writable_by_others_is_refused(tmp_path: Path, user: User) -> None:
+def test_profile_writable_by_others_is_refused(tmp_path: Path, user: LocalUser) -> None:
     root = tree_copy("degraded-link", tmp_path)
     before = digest(root)
     prof = tmp_path / "p.toml"

@@ -61,3 +61,34 @@ def _no_host_escape() -> Iterator[None]:
     finally:
         _active = False
     assert not _escapes, f"unit test escaped to the real host: {_escapes}"
+
+
+# ---- the daemon's notifications and host writes, in order (test_daemon*.py) ----------------
+
+Events = list[tuple[str, str]]
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
+    """Notifications and host writes, in the order they happened."""
+    from gputuned.host import Host
+    from gputuned.host.fs import WriteRecord
+    from gputuned.host.notify import Notifier
+
+    log: Events = []
+    real_send = Notifier.send
+    real_wrote = Host._wrote
+
+    def send(self: Notifier, *fields: str) -> None:
+        log.append(("notify", fields[0]))
+        real_send(self, *fields)
+
+    def wrote(self: Host, rec: WriteRecord) -> None:
+        log.append(("write", rec.path))
+        real_wrote(self, rec)
+
+    monkeypatch.setattr(Notifier, "send", send)
+    monkeypatch.setattr(Host, "_wrote", wrote)
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+    yield log

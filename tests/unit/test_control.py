@@ -29,6 +29,8 @@ from gputuned.host.control import (
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
     MAX_LINE,
+    PER_USER,
+    ROOT_RESERVED,
     ControlServer,
     PeerCred,
     daemon_running,
@@ -51,7 +53,8 @@ def echo(req: dict[str, Any], cred: PeerCred) -> dict[str, Any]:
 
 
 class Loop:
-    """Serves ``server`` from a thread the way the daemon does: select, on_readable, expire."""
+    """Serves ``server`` from a thread the way the daemon does: select, on_readable/on_writable,
+    serve, expire."""
 
     def __init__(self, server: ControlServer) -> None:
         self.server = server
@@ -62,9 +65,13 @@ class Loop:
     def _run(self) -> None:
         while not self._stop.is_set():
             fds = [self.server.fileno(), *self.server.client_fds()]
-            readable, _, _ = select.select(fds, [], [], 0.01)
+            timeout = 0.0 if self.server.pending() else 0.01
+            readable, writable, _ = select.select(fds, self.server.writing_fds(), [], timeout)
+            for fd in writable:
+                self.server.on_writable(fd)
             for fd in readable:
                 self.server.on_readable(fd)
+            self.server.serve()
             self.server.expire(time.monotonic())
 
     def stop(self) -> None:
@@ -259,7 +266,10 @@ def test_client_stalled_mid_line_is_dropped_after_the_idle_limit(host: Host, rea
         assert resp is not None
         assert resp["error"].startswith("request not finished within 10 s")
         assert stalled.line() is None
-        assert len(server.client_fds()) == 1  # a client between requests is not mid-line
+        # A client between requests holds a slot too: it has the same deadline (finding 16).
+        assert server.client_fds() == []
+        resp = idle.line()
+        assert resp is not None and resp["error"].startswith("idle for 10 s")
         stalled.close()
         idle.close()
 
@@ -271,7 +281,7 @@ def test_more_than_32_clients(served: ControlServer, host: Host, real: Path) -> 
     resp = extra.line()
     assert resp is not None
     assert resp["ok"] is False
-    assert resp["error"].startswith("too many clients on gputuned's control socket (max 32)")
+    assert resp["error"].startswith("too many clients on gputuned's control socket (max 32,")
     assert extra.line() is None
     extra.close()
     with pytest.raises(errors.GputunedError, match="too many clients"):
@@ -323,6 +333,14 @@ def test_socket_file_with_a_group(host: Host, real: Path) -> None:
         st = real.stat()
         assert (st.st_mode & 0o7777, st.st_gid) == (0o660, 0)
         assert real.parent.stat().st_mode & 0o7777 == 0o711  # searchable, not listable
+
+
+def test_the_directory_gets_its_mode_back_at_close(host: Host, real: Path) -> None:
+    """Finding 18: /run/gputuned stayed 0711 after a daemon with a control group stopped."""
+    with ControlServer(host, echo, group="root"):
+        assert real.parent.stat().st_mode & 0o7777 == 0o711
+    assert real.parent.stat().st_mode & 0o7777 == 0o700
+    assert not real.exists()
 
 
 def test_unknown_group_is_refused(host: Host, real: Path) -> None:
@@ -462,3 +480,143 @@ def test_supplementary_groups_are_read_through_the_host(host: Host) -> None:
     # Another user's process under that PID now (the PID was reused): its groups prove nothing.
     assert proc_groups(host, PeerCred(4321, 1001, 1001)) == frozenset()
     assert proc_groups(host, PeerCred(4322, 1000, 1000)) == frozenset()  # gone
+
+
+# -- hostile input (issue 14) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"v": 1, "cmd": "status", "n": ' + b"9" * 5000 + b"}",  # int past 4300 digits
+        b'{"v": 1, "cmd": "status", "n": -' + b"1" * 60000 + b"}",
+        b"[" * 60000 + b"]" * 5,
+        b'{"v": 1, "cmd": "status", "f": 1e99999}',
+    ],
+    ids=["int-5000-digits", "int-60000-digits", "nested", "huge-float"],
+)
+def test_no_request_ends_the_server(served: ControlServer, real: Path, line: bytes) -> None:
+    """Finding 1: json.loads raised ValueError for long integers, out of on_readable."""
+    c = Conn(real)
+    c.send(line + b"\n")
+    resp = c.line()
+    assert resp is not None and resp["v"] == 1, "answered, not dropped"
+    c.send(b'{"v": 1, "cmd": "ok"}\n')
+    assert c.line() == {"v": 1, "ok": True, "echo": {"v": 1, "cmd": "ok"}}
+    c.close()
+
+
+def test_an_idle_connection_is_dropped_after_the_idle_limit(host: Host, real: Path) -> None:
+    """Finding 16: a connection that never sends was kept for ever; 32 of them locked every
+    client out, root included."""
+    with ControlServer(host, echo) as server:
+        idle = Conn(real)
+        server.on_readable(server.fileno())
+        assert len(server.client_fds()) == 1
+        server.expire(time.monotonic() + IDLE_TIMEOUT_S + 0.5)
+        assert server.client_fds() == []
+        resp = idle.line()
+        assert resp is not None and "idle" in resp["error"]
+        idle.close()
+
+
+# -- other users: limits and what they may send (findings 7 and 16) -----------------------
+
+MEMBER_GID = 4242  # the control group of these tests
+
+
+def as_users(uids: list[int]) -> Callable[[socket.socket], PeerCred]:
+    """Peer credentials handed out in turn: connections "from" these uids, in order."""
+    queue = list(uids)
+
+    def peer_of(sock: socket.socket) -> PeerCred:
+        uid = queue.pop(0)
+        return PeerCred(os.getpid(), uid, MEMBER_GID if uid else 0)
+
+    return peer_of
+
+
+def member_server(host: Host, uids: list[int], **kw: Any) -> ControlServer:
+    server = ControlServer(host, echo, group="root", peer_of=as_users(uids), **kw)
+    server.access = dataclasses.replace(server.access, control_gid=MEMBER_GID)
+    return server
+
+
+def accept(server: ControlServer, real: Path, n: int) -> list[Conn]:
+    conns = [Conn(real) for _ in range(n)]
+    for _ in range(3):
+        server.on_readable(server.fileno())
+    return conns
+
+
+def test_each_user_has_a_cap_and_root_always_has_a_slot(host: Host, real: Path) -> None:
+    uids = [1000] * 9 + [1001] * 8 + [1002] * 8 + [1003] * 5 + [0] * 4
+    with member_server(host, uids) as server:
+        conns = accept(server, real, 9)
+        assert len(server.client_fds()) == PER_USER
+        refused = conns[-1].line()
+        assert refused is not None and "8 for you" in refused["error"]
+        conns += accept(server, real, 21)  # other users fill every slot but root's
+        assert len(server.client_fds()) == MAX_CLIENTS - ROOT_RESERVED
+        last = conns[-1].line()
+        assert last is not None and last["error"].startswith("too many clients")
+        conns += accept(server, real, 4)
+        assert len(server.client_fds()) == MAX_CLIENTS, "root gets in past them"
+        for c in conns:
+            c.close()
+
+
+def test_a_member_may_read_but_not_change(host: Host, real: Path) -> None:
+    with member_server(host, [1000]) as server:
+        c = accept(server, real, 1)[0]
+        for cmd in ("status", "verify", "top", "apply", "revert", "register", "unregister"):
+            c.send(json.dumps({"v": 1, "cmd": cmd}).encode() + b"\n")
+        for fd in server.client_fds():
+            server.on_readable(fd)
+        while server.pending():
+            server.serve()
+        answers = [c.line() for _ in range(7)]
+        assert [a["ok"] for a in answers if a] == [True, True, True, False, False, False, False]
+        for a in answers[3:]:
+            assert a is not None and a["error"].startswith("permission denied: '")
+            assert "changes the host; only root may send it" in a["error"]
+        c.close()
+
+
+def test_an_admin_group_may_change(host: Host, real: Path) -> None:
+    with member_server(host, [1000], admin_group="root") as server:
+        server.access = dataclasses.replace(server.access, admin_gid=MEMBER_GID)
+        c = accept(server, real, 1)[0]
+        c.send(b'{"v": 1, "cmd": "revert"}\n')
+        server.on_readable(c_fd := server.client_fds()[0])
+        server.serve()
+        assert c.line() == {"v": 1, "ok": True, "echo": {"v": 1, "cmd": "revert"}}, c_fd
+        c.close()
+
+
+def test_root_is_answered_before_a_burst_from_another_user(host: Host, real: Path) -> None:
+    with member_server(host, [1000, 0]) as server:
+        member, root = accept(server, real, 2)
+        member.send(b'{"v": 1, "cmd": "status", "from": "member"}\n' * 500)
+        root.send(b'{"v": 1, "cmd": "status", "from": "root"}\n')
+        time.sleep(0.05)
+        for fd in server.client_fds():
+            server.on_readable(fd)
+        server.serve()  # one turn: root's one request, and a slice of the member's
+        assert root.line() == {
+            "v": 1, "ok": True, "echo": {"v": 1, "cmd": "status", "from": "root"}
+        }  # fmt: skip
+        assert server.pending(), "the member's burst waits for later turns"
+        member.close()
+        root.close()
+
+
+def test_internal_errors_name_no_value_to_other_users(host: Host, real: Path) -> None:
+    with member_server(host, [1000]) as server:
+        c = accept(server, real, 1)[0]
+        c.send(b'{"v": 1, "cmd": "crash"}\n')
+        server.on_readable(server.client_fds()[0])
+        server.serve()
+        resp = c.line()
+        assert resp is not None and "(ValueError)" in resp["error"] and "boom" not in resp["error"]
+        c.close()

@@ -66,3 +66,36 @@ def test_parse_mask_rejects_garbage() -> None:
 def test_cpulist_roundtrip(cpus: frozenset[int]) -> None:
     assert parse_cpulist(format_cpulist(cpus)) == cpus
     assert parse_mask(format_mask(cpus, 256)) == cpus
+
+
+# -- bounds (issue 14, finding 14): "0-99999999" allocated 2.3 GB --------------------------
+
+
+@pytest.mark.parametrize("text", ["0-99999999", "8192", "0-9000", "1,8192", "0-65535:1/2"])
+def test_cpu_numbers_past_the_kernels_limit_are_refused(text: str) -> None:
+    with pytest.raises(CpuListError, match="past CPU 8191"):
+        parse_cpulist(text)
+
+
+def test_the_highest_cpu_linux_builds_for_is_fine() -> None:
+    assert max(parse_cpulist("8190-8191")) == 8191
+
+
+def test_a_mask_longer_than_8192_cpus_is_refused() -> None:
+    assert parse_mask("f" * 2048) == frozenset(range(8192))
+    with pytest.raises(CpuListError, match="past CPU 8191"):
+        parse_mask("1" + "0" * 2048)
+
+
+def test_a_huge_list_in_a_profile_is_a_profile_error() -> None:
+    from gputuned.errors import ProfileError
+    from gputuned.profile import parse_profile
+
+    with pytest.raises(ProfileError, match="past CPU 8191"):
+        parse_profile({"name": "x", "cpusets": {"a": {"cpus": "0-99999999"}}}, "t")
+
+
+def test_errors_quote_a_long_list_shortened() -> None:
+    with pytest.raises(CpuListError) as exc:
+        parse_cpulist("x" * 100000)
+    assert len(str(exc.value)) < 300

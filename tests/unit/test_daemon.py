@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,35 +17,11 @@ from gputuned.apply import apply_profile
 from gputuned.daemon import Daemon
 from gputuned.host import Host
 from gputuned.host.fs import WriteRecord
-from gputuned.host.notify import Notifier
 from gputuned.host.state import JOURNAL
 from gputuned.profile import load_profile
 from tests.fakeproc import add_process, stat_line, status_text
+from tests.unit.conftest import Events
 from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
-
-Events = list[tuple[str, str]]
-
-
-@pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
-    """Notifications and host writes, in the order they happened."""
-    log: Events = []
-    real_send = Notifier.send
-    real_wrote = Host._wrote
-
-    def send(self: Notifier, *fields: str) -> None:
-        log.append(("notify", fields[0]))
-        real_send(self, *fields)
-
-    def wrote(self: Host, rec: WriteRecord) -> None:
-        log.append(("write", rec.path))
-        real_wrote(self, rec)
-
-    monkeypatch.setattr(Notifier, "send", send)
-    monkeypatch.setattr(Host, "_wrote", wrote)
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
-    yield log
 
 
 def profile_file(tmp_path: Path, count: int = 4) -> Path:
@@ -54,6 +29,11 @@ def profile_file(tmp_path: Path, count: int = 4) -> Path:
     p = tmp_path / "prof.toml"
     p.write_text(text)
     return p
+
+
+def sent(path: Path) -> dict[str, Any]:
+    """A profile as gputunectl apply sends it over the control socket: its content."""
+    return load_profile(path).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def index(log: Events, kind: str, what: str) -> int:
@@ -215,7 +195,7 @@ def test_control_commands(tmp_path: Path, events: Events) -> None:
         d._handle({"cmd": "frobnicate"}, peer)
     rev = d._handle({"cmd": "revert"}, peer)
     assert rev["failed"] == [] and d.profile is None
-    again = d._handle({"cmd": "apply", "profile": str(profile_file(tmp_path))}, peer)
+    again = d._handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, peer)
     assert again["failed"] == [] and again["written"]
     d.stop()
     json.dumps(status)
@@ -447,7 +427,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         d.loop.run_once(1.0)
         assert d.profile is not None and d.profile.name == "shared-host"
         with pytest.raises(errors.PlanError):
-            d._handle({"cmd": "apply", "profile": str(prof)}, PeerCred(1, 0, 0))
+            d._handle({"cmd": "apply", "profile": sent(prof)}, PeerCred(1, 0, 0))
         assert d.profile is not None and d.source == str(prof.absolute())
         assert d.running
     d.stop()

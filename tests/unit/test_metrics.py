@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import re
 import shutil
 import socket
@@ -20,7 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputuned import errors
 from gputuned.host.fs import Host
-from gputuned.host.httpmetrics import CONTENT_TYPE, IDLE_TIMEOUT_S, MAX_CLIENTS, MetricsServer
+from gputuned.host.httpmetrics import (
+    CONTENT_TYPE,
+    IDLE_TIMEOUT_S,
+    MAX_CLIENTS,
+    Allowed,
+    MetricsServer,
+)
 from gputuned.host.loop import Loop
 from gputuned.metrics import Exposition, add_verify, daemon_metrics, escape_label
 from gputuned.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
@@ -276,3 +283,64 @@ def test_port_in_use_says_what_to_do() -> None:
             MetricsServer(lambda: "", port=first.port)
         assert exc.value.errno == errno.EADDRINUSE
     assert first.fileno() == -1
+
+
+# ---- who may scrape, and what a flood of scrapes costs (issue 14, finding 10) ---------------
+
+
+def test_a_scrape_flood_collects_the_figures_once_per_interval(
+    served: Callable[..., MetricsServer],
+) -> None:
+    """Each scrape collected every figure again (a /proc walk per placed process) in the
+    daemon's thread: a flood of them delayed placements. Now once per min_interval_s."""
+    calls: list[int] = []
+
+    def render() -> str:
+        calls.append(1)
+        return "x 1\n"
+
+    server = served(render)
+    server.min_interval_s = 3600.0  # the whole flood falls in one interval, however slow
+    for _ in range(20):
+        assert http(server.port, b"GET /metrics HTTP/1.1\r\n\r\n").endswith(b"x 1\n")
+    assert len(calls) == 1 and server.renders == 1
+
+
+def test_a_local_user_not_allowed_gets_403_and_nothing_is_collected(
+    served: Callable[..., MetricsServer],
+) -> None:
+    calls: list[int] = []
+    seen: list[tuple[tuple[str, int], tuple[str, int]]] = []
+
+    def owner(client: tuple[str, int], server: tuple[str, int]) -> int:
+        seen.append((client, server))
+        return 65534
+
+    server = served(lambda: calls.append(1) or "x 1\n", allowed=Allowed(owner_of=owner))
+    resp = http(server.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+    assert resp.split()[1] == b"403" and b"local user 65534" in resp
+    assert calls == [] and seen[0][1] == ("127.0.0.1", server.port)
+    allowed = served(lambda: "x 1\n", allowed=Allowed(uids=[65534], owner_of=owner))
+    assert http(allowed.port, b"GET /metrics HTTP/1.1\r\n\r\n").split()[1] == b"200"
+
+
+def test_remote_clients_by_network() -> None:
+    import ipaddress
+
+    allowed = Allowed(networks=[ipaddress.ip_network("10.0.0.0/8")], owner_of=lambda c, s: None)
+    assert allowed.check(("10.1.2.3", 5000), ("10.0.0.1", 9466)) is None
+    assert "not in a network" in str(allowed.check(("192.168.1.2", 5000), ("10.0.0.1", 9466)))
+
+
+def test_sock_diag_names_the_owner_of_a_local_connection() -> None:
+    from gputuned.host.sockdiag import tcp_owner
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        with socket.create_connection(listener.getsockname()) as client:
+            conn, addr = listener.accept()
+            with conn:
+                assert addr == client.getsockname()
+                assert tcp_owner(addr, listener.getsockname()) == os.geteuid()
+        assert tcp_owner(("127.0.0.1", 1), listener.getsockname()) is None

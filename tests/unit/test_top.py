@@ -215,8 +215,12 @@ def daemon_socket(tree: Path) -> Iterator[list[dict[str, Any]]]:
     def serve() -> None:
         while not stop.is_set():
             fds = [server.fileno(), *server.client_fds()]
-            for fd in select.select(fds, [], [], 0.01)[0]:
+            readable, writable, _ = select.select(fds, server.writing_fds(), [], 0.01)
+            for fd in writable:
+                server.on_writable(fd)
+            for fd in readable:
                 server.on_readable(fd)
+            server.serve()
 
     th = threading.Thread(target=serve, daemon=True)
     th.start()
@@ -236,7 +240,7 @@ def test_with_daemon_its_placed_and_registered_processes(
         (99, "registered (rule server)"),
         (SERVER, "placed"),
     ]
-    assert t.mode == "daemon" and daemon_socket[0]["cmd"] == "status"
+    assert t.mode == "daemon" and daemon_socket[0]["cmd"] == "top"
 
 
 def test_run_once_json(tree: Path) -> None:

@@ -109,8 +109,31 @@ def imports() -> None:
     import gputuned.daemon  # noqa: F401
 
 
-def ip_socket() -> None:
-    socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+def metrics_listener() -> str:
+    """[daemon] metrics_port: a TCP listener on loopback (RestrictAddressFamilies= AF_INET)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        return f"port {s.getsockname()[1]}"
+
+
+def sock_diag() -> None:
+    """The metrics port asks NETLINK_SOCK_DIAG who owns a local scraper's socket."""
+    socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4).close()
+
+
+def chown_to_a_group() -> None:
+    """[daemon] control_group: control.sock is given to the group (CAP_CHOWN)."""
+    path = "/run/gputuned/.probe-chown"
+    Path(path).write_text("")
+    try:
+        os.chown(path, -1, 65534)
+    finally:
+        os.unlink(path)
+
+
+def packet_socket() -> None:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close()
 
 
 def main() -> int:
@@ -130,10 +153,13 @@ def main() -> int:
     check(r, "cgroup mkdir/rmdir", cgroup_dir)
     check(r, "ctypes callback", ctypes_callback)
     check(r, "imports", imports)
+    check(r, "TCP listener on 127.0.0.1 (metrics_port)", metrics_listener)
+    check(r, "sock_diag netlink socket (metrics_allow)", sock_diag)
+    check(r, "chown to a group (control_group)", chown_to_a_group)
     # what the sandbox must refuse
     check(r, "write /etc (must fail)", lambda: write_and_remove("/etc/gputuned-probe"))
     check(r, "write /root (must fail)", lambda: write_and_remove("/root/gputuned-probe"))
-    check(r, "AF_INET socket (must fail)", ip_socket)
+    check(r, "AF_PACKET socket (must fail)", packet_socket)
     json.dump(r, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
