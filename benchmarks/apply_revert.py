@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import gputuned.apply as apply_mod
-import gputuned.engine as engine_mod
-from gputuned.apply import apply_profile, revert_all
+import gputuned.engine.apply as apply_mod
+import gputuned.engine.plan as engine_mod
+from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
 from gputuned.root import open_kernel
 
 F = TypeVar("F", bound=Callable[..., Any])

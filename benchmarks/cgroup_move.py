@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from gputuned.host.mounts import find
 from gputuned.host.proc import read_process
-from gputuned.host.system import read_cgroup_layout
 from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.mounts import find
+from gputuned.kernel.system import read_cgroup_layout
 
 HOST = LiveKernel()
 

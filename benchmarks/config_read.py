@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gputuned.host.pciconfig import read_registers
+from gputuned.kernel.pciconfig import read_registers
 
 DEVICES = Path("/sys/bus/pci/devices")
 

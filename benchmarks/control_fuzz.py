@@ -42,9 +42,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gputuned.host.control import daemon_running, request  # noqa: E402
 from gputuned.kernel import Kernel  # noqa: E402
 from gputuned.root import open_kernel  # noqa: E402
+from gputuned.service.control import daemon_running, request  # noqa: E402
 from tests.localuser import LocalUser, local_user  # noqa: E402
 from tests.unit.test_apply import digest, tree_copy  # noqa: E402
 

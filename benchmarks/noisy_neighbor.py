@@ -318,8 +318,8 @@ def _gpu_tokens() -> tuple[Iterator[float], dict[str, Any]]:
 
 
 def _self_counters() -> Any:
-    from gputuned.host.sampling import sample_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.sampling import sample_process
 
     return sample_process(LiveKernel(), os.getpid())
 
@@ -455,7 +455,7 @@ class Gputuned:
         self.saved = {p: read_optional_bytes(self.host, p) for p in (ACTIVE, STATE)}
 
     def start(self, profile: Path, timeout: float = 60.0) -> float:
-        from gputuned.host.control import daemon_running
+        from gputuned.service.control import daemon_running
 
         t0 = time.monotonic()
         argv = [sys.executable, "-m", "gputuned.daemon", "--profile", str(profile.absolute())]
@@ -475,7 +475,7 @@ class Gputuned:
         return time.monotonic() - t0
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from gputuned.host.control import request
+        from gputuned.service.control import request
 
         return request(self.host, msg)
 
@@ -489,7 +489,7 @@ class Gputuned:
         self.proc = None
         left = len(Journal(self.host))
         if rc != 0 or left:
-            from gputuned.apply import revert_all
+            from gputuned.engine.apply import revert_all
 
             rep = revert_all(self.host, forget_profile=False)
             print(f"gputuned exited {rc} leaving {left} journal entries; reverted: {rep.to_json()}")
@@ -502,8 +502,8 @@ class Gputuned:
 
 
 def check_untuned(host: Any) -> None:
-    from gputuned.host.control import daemon_running
     from gputuned.journal import Journal
+    from gputuned.service.control import daemon_running
 
     if os.geteuid() != 0:
         sys.exit("the gputuned conditions need root (or run with --no-gputuned)")
@@ -519,8 +519,8 @@ def fingerprint(pid: int | list[int]) -> dict[str, Any]:
     whose cgroup is shown)."""
     from gputuned import errors
     from gputuned.host.proc import read_process
-    from gputuned.host.system import read_cgroup_layout, read_default_affinity, read_interrupts
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.system import read_cgroup_layout, read_default_affinity, read_interrupts
 
     host = LiveKernel()
     mount = read_cgroup_layout(host).v2_mount
@@ -569,7 +569,7 @@ def isolated_profile(
     ``profile``'s folder is copied into ``work/base`` and included from there: an include must
     lie beside the including file or below its folder.
     """
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     rules = load_profile(profile).process
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
@@ -996,7 +996,7 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
 
 def host_capture() -> Path:
     """``gputunectl capture --stable`` of this host into a new temporary directory."""
-    from gputuned.host.capture import capture
+    from gputuned.kernel.capture import capture
     from gputuned.kernel.live import LiveKernel
 
     dest = Path(tempfile.mkdtemp(prefix="nn-capture-"))
@@ -1227,7 +1227,7 @@ def setup(
     kinds: list[str],
     result: dict[str, Any],
 ) -> dict[str, Any]:
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     counts = {"cpu": args.cpu_burners, "net": args.net_streams, "disk": args.disk_writers}
     rules = {}

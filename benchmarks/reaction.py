@@ -50,10 +50,11 @@ from noisy_neighbor import (
 
 from gputuned import errors
 from gputuned.host.proc import ProcInfo, read_process
-from gputuned.host.sampling import clock_ticks, sample_process
 from gputuned.kernel import Kernel
 from gputuned.kernel.live import LiveKernel
-from gputuned.profile import Profile, load_profile
+from gputuned.kernel.sampling import clock_ticks, sample_process
+from gputuned.profile.load import load_profile
+from gputuned.profile.model import Profile
 
 PROBE_NAME = "gputuned-reaction-probe.py"
 PROBE = """\
@@ -87,7 +88,7 @@ class Wanted:
 
 def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     """The rule that matches the probe, and what it makes of a process (as the daemon plans)."""
-    from gputuned.engine import read_context
+    from gputuned.engine.plan import read_context
     from gputuned.tuners.process import matches
 
     me = os.geteuid()

@@ -209,8 +209,8 @@ class Api:
 
 def _counters(pids: list[int]) -> dict[int, Any]:
 
-    from gputuned.host.sampling import sample_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.sampling import sample_process
 
     return {pid: sample_process(LiveKernel(), pid) for pid in pids}
 

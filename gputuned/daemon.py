@@ -10,7 +10,7 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
   the kernel's saved DevCtl, or new IRQ numbers);
 - every ``[daemon] drift_interval_s``: everything applied is re-read and drift repaired;
 - the control socket (gputunectl status, verify, top; apply, revert, register, unregister: root
-  or [daemon] admin_group only; see gputuned/host/controlproto.py);
+  or [daemon] admin_group only; see gputuned/service/controlproto.py);
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import __version__, errors, root
-from gputuned.apply import (
+from gputuned.daemon_access import (
+    VERIFY_CACHE_S,
+    metrics_allowed,
+    profile_from_request,
+    request_flag,
+)
+from gputuned.daemon_config import Config as DaemonConfig
+from gputuned.engine.apply import (
     ApplyReport,
     apply_profile,
     apply_settings,
@@ -43,33 +50,27 @@ from gputuned.apply import (
     restore_processes,
     revert_all,
 )
-from gputuned.changes import Change, PlanContext
-from gputuned.daemon_access import (
-    VERIFY_CACHE_S,
-    metrics_allowed,
-    profile_from_request,
-    request_flag,
-)
-from gputuned.daemon_config import Config as DaemonConfig
-from gputuned.engine import plan_processes, plan_profile, read_context
-from gputuned.host.control import ControlServer, PeerCred
-from gputuned.host.httpmetrics import MetricsServer
-from gputuned.host.loop import Loop, now
-from gputuned.host.notify import Notifier, setup_logging, system_stopping, watchdog_interval
+from gputuned.engine.changes import Change, PlanContext
+from gputuned.engine.plan import plan_processes, plan_profile, read_context
+from gputuned.engine.verify import verify_plan
 from gputuned.host.proc import read_identity
 from gputuned.host.procwatch import ProcWatcher, open_watcher
 from gputuned.host.state import ACTIVE, HostLock
-from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
 from gputuned.kernel import Kernel
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
+from gputuned.service.control import ControlServer, PeerCred
+from gputuned.service.httpmetrics import MetricsServer
+from gputuned.service.loop import Loop, now
+from gputuned.service.notify import Notifier, setup_logging, system_stopping, watchdog_interval
+from gputuned.service.udevmon import UdevMonitor, open_monitor
 from gputuned.settings.base import Reused
 from gputuned.settings.registry import expand, holds
 from gputuned.textsafe import printable
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS
 from gputuned.tuners.spread import Held, held_threads
-from gputuned.verify import verify_plan
 
 log = logging.getLogger("gputuned")
 
@@ -165,7 +166,7 @@ class Daemon:
             self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev(), priority=-5)
 
     def _set_up_metrics(self, cfg: DaemonConfig) -> None:
-        from gputuned.metrics import daemon_metrics
+        from gputuned.engine.metrics import daemon_metrics
 
         try:
             self.metrics = MetricsServer(
@@ -686,7 +687,7 @@ _TOP_KEYS = ("active_profile", "placed", "registered")
 
 
 def _pid() -> int:
-    from gputuned.host.notify import own_pid
+    from gputuned.service.notify import own_pid
 
     return own_pid()
 

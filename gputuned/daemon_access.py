@@ -15,14 +15,15 @@ import ipaddress
 from typing import Any
 
 from gputuned import errors
-from gputuned.changes import Refusal
 from gputuned.daemon_config import Config as DaemonConfig
-from gputuned.host.controlproto import PeerCred
-from gputuned.host.httpmetrics import Allowed
-from gputuned.host.userfiles import PROFILE_DIR, named_profile
-from gputuned.host.users import group_gid, user_uid
+from gputuned.engine.changes import Refusal
 from gputuned.kernel import Kernel
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.kernel.users import group_gid, user_uid
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
+from gputuned.service.controlproto import PeerCred
+from gputuned.service.httpmetrics import Allowed
+from gputuned.store.userfiles import PROFILE_DIR, named_profile
 from gputuned.textsafe import printable
 
 #: A verify other than root's is answered from one at most this old: each is a full plan.

@@ -11,7 +11,7 @@ before gputuned touched the setting; re-applying or switching profiles never ove
 at any point leaves a journal that names every setting that may have changed. A truncated last
 line (a crash mid-append, before fsync returned) is ignored: its write had not started.
 
-A ``save`` that names anything gputuned does not write (:mod:`gputuned.opcheck`), or that is not
+A ``save`` that names anything gputuned does not write (:mod:`gputuned.engine.opcheck`), or that is not
 a well-formed entry, is *rejected*: it is never restored, revert reports it, and compaction keeps
 its line for a person to look at (issue 14, finding 13).
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputuned import errors
+from gputuned.engine.opcheck import refusal
 from gputuned.host.state import (
     JOURNAL,
     append_durable,
@@ -33,7 +34,6 @@ from gputuned.host.state import (
     replace_durable,
 )
 from gputuned.kernel import Kernel
-from gputuned.opcheck import refusal
 from gputuned.settings.base import Op
 
 log = logging.getLogger(__name__)

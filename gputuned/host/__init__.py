@@ -1,2 +1,2 @@
-"""Readers of the machine through the kernel port, gputuned's own files, and the daemon's
-plumbing (control socket, metrics port, event loop, process watcher)."""
+"""Readers of processes, the process watcher and gputuned's state files, moving to
+gputuned/kernel/, gputuned/service/ and gputuned/store/ (docs/dev/architecture.md)."""

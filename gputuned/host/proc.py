@@ -8,14 +8,7 @@ from dataclasses import dataclass
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
 from gputuned.kernel import Kernel
-from gputuned.kernel.procfs import (
-    NICE,
-    POLICY,
-    RT_PRIORITY,
-    cgroup_path,
-    parse_stat,
-    parse_status,
-)
+from gputuned.kernel.procfs import NICE, POLICY, RT_PRIORITY, cgroup_path, parse_stat, parse_status
 
 #: sched policies by number (include/uapi/linux/sched.h SCHED_*).
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}

@@ -15,9 +15,9 @@ import stat
 from dataclasses import dataclass
 
 from gputuned import errors
-from gputuned.host.sysinstall import fsync_dir, install_file, remove_file
 from gputuned.kernel import Kernel
 from gputuned.kernel.oserrors import translate
+from gputuned.kernel.sysinstall import fsync_dir, install_file, remove_file
 
 RUN_DIR = "/run/gputuned"
 ETC_DIR = "/etc/gputuned"

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gputuned import errors
-from gputuned.host import mounts
+from gputuned.kernel import mounts
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.procfs import parse_status
 from gputuned.kernel.tasks import explain_move

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gputuned.host import mounts
+from gputuned.kernel import mounts
 from gputuned.kernel.base import KernelBase, translating, write_file
 from gputuned.kernel.tasks import check_scheduler, explain, where
 

@@ -14,7 +14,7 @@ from gputuned.settings.base import ABSENT, Op, Setting
 from gputuned.settings.sysfs import CGROUP
 
 if TYPE_CHECKING:
-    from gputuned.changes import Change
+    from gputuned.engine.changes import Change
     from gputuned.kernel import Kernel
 
 _STATES = ("present", ABSENT)

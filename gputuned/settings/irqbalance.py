@@ -10,7 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host import irqbalance
+from gputuned.kernel import irqbalance
 from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
 
 if TYPE_CHECKING:

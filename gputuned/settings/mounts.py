@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.host import mounts
+from gputuned.kernel import mounts
 from gputuned.settings.base import Op, Setting
 from gputuned.settings.sysfs import CGROUP, same
 
 if TYPE_CHECKING:
-    from gputuned.changes import Change
+    from gputuned.engine.changes import Change
     from gputuned.kernel import Kernel
 
 _OPTIONS = re.compile(r"[a-z0-9_]+(=[a-z0-9_]+)?(,[a-z0-9_]+(=[a-z0-9_]+)?)*")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from gputuned.host.system import nearest_cgroup
 from gputuned.kernel.procfs import cgroup_path
+from gputuned.kernel.system import nearest_cgroup
 from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
 from gputuned.settings.sysfs import CGROUP
 

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.host.proc import read_thread
-from gputuned.host.system import cgroup_cpus
 from gputuned.kernel.procfs import cgroup_path
+from gputuned.kernel.system import cgroup_cpus
 from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
 
 if TYPE_CHECKING:
-    from gputuned.changes import Change
+    from gputuned.engine.changes import Change
     from gputuned.host.proc import ThreadInfo
     from gputuned.kernel import Kernel
 

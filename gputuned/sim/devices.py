@@ -13,7 +13,7 @@ import os
 import re
 
 from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist, parse_mask
-from gputuned.host.pciconfig import parse_config
+from gputuned.kernel.pciconfig import parse_config
 from gputuned.sim.files import TreeFiles, fail
 
 _BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")

@@ -23,8 +23,8 @@ import errno as E
 import re
 from collections.abc import Callable
 
-from gputuned.host.pci import ASPM_POLICY, LINK_ASPM_FILES
 from gputuned.kernel.base import write_file
+from gputuned.kernel.pci import ASPM_POLICY, LINK_ASPM_FILES
 from gputuned.sim import cgroups, cpusets, devices, mounts
 from gputuned.sim.files import TreeFiles, fail
 

@@ -1,13 +1,13 @@
 """A remount of a tree's cgroup2 hierarchy: its lines in /proc/self/mountinfo and /proc/mounts
 rewritten as the kernel shows them after the same mount(2) call (flags and data built by
-:func:`gputuned.host.mounts.remount_call`, as for the machine).
+:func:`gputuned.kernel.mounts.remount_call`, as for the machine).
 """
 
 from __future__ import annotations
 
 import errno as E
 
-from gputuned.host import mounts as mt
+from gputuned.kernel import mounts as mt
 from gputuned.sim.files import TreeFiles, fail
 
 

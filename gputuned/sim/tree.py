@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
-from gputuned.host import mounts
+from gputuned.kernel import mounts
 from gputuned.kernel.base import KernelBase, translating
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.port import TREE_META

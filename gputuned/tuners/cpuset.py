@@ -79,12 +79,11 @@ from pydantic import (
 )
 
 from gputuned import errors
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.cpusets import PartitionSpec, partition_layout, shared_cpus
-from gputuned.host import mounts
-from gputuned.host.system import Partition, valid_partitions
-from gputuned.kernel import Kernel
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel import Kernel, mounts
+from gputuned.kernel.system import Partition, valid_partitions
+from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 _CGROUP_NS = "/proc/self/ns/cgroup"

@@ -39,10 +39,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from gputuned import errors
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, format_mask
-from gputuned.host import irqbalance
-from gputuned.topology import HostCpus
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel import irqbalance
+from gputuned.profile.topology import HostCpus
 
 #: Above this many online CPUs, plan refuses a layout that puts every movable IRQ on one CPU.
 ONE_CPU_LIMIT = 32

@@ -85,10 +85,10 @@ from pydantic import (
 )
 
 from gputuned import errors
-from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
+from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.host.proc import ProcInfo, read_process
-from gputuned.host.system import cgroup_cpus, nearest_cgroup
+from gputuned.kernel.system import cgroup_cpus, nearest_cgroup
 from gputuned.settings.threads import DEFAULT_AFFINITY, policy_value
 from gputuned.tuners.proctree import (
     Claim,

@@ -33,7 +33,7 @@ from gputuned.host.proc import read_process
 from gputuned.settings.threads import policy_value, thread_value
 
 if TYPE_CHECKING:
-    from gputuned.changes import PlanContext
+    from gputuned.engine.changes import PlanContext
     from gputuned.host.proc import ProcInfo, ThreadInfo
     from gputuned.tuners.process import Config, Exclude, Match
 

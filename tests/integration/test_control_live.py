@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import gputuned
-from gputuned.host.control import ControlServer
+from gputuned.service.control import ControlServer
 from tests.faults import live_kernel
 from tests.unit.test_control import Loop, echo
 from tests.users import python_for, system_user
@@ -38,7 +38,7 @@ SOCK = f"{RUN_DIR}/control.sock"
 # then the same through gputuned's own client.
 CLIENT = r"""
 import json, socket, sys
-from gputuned.host.control import daemon_running, request
+from gputuned.service.control import daemon_running, request
 from gputuned.kernel.live import LiveKernel
 out = {"running": daemon_running(LiveKernel(), sys.argv[1])}
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -131,7 +131,7 @@ def serving(group: str | None = None) -> Iterator[ControlServer]:
 
 
 def test_unprivileged_user_is_refused(user: TestUser, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="gputuned.host.control")
+    caplog.set_level(logging.WARNING, logger="gputuned.service.control")
     with serving():
         assert os.stat(SOCK).st_mode & 0o777 == 0o600
         # The file mode alone keeps the user out; gputuned's client says what to do.

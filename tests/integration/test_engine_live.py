@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, read_state, revert_all
 from gputuned.cpulist import parse_cpulist
-from gputuned.engine import plan_profile
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.host.proc import read_process
 from gputuned.host.state import ETC_DIR, JOURNAL
-from gputuned.profile import parse_profile
-from gputuned.verify import verify_plan
+from gputuned.profile.load import parse_profile
 from tests.faults import live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")

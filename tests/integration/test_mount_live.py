@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, read_state, revert_all
-from gputuned.engine import plan_profile
-from gputuned.host.mounts import MOUNTINFO, parse_line
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.host.state import ACTIVE, JOURNAL, STATE, HostLock
-from gputuned.host.system import read_cgroup_layout
-from gputuned.profile import parse_profile
-from gputuned.verify import verify_plan
+from gputuned.kernel.mounts import MOUNTINFO, parse_line
+from gputuned.kernel.system import read_cgroup_layout
+from gputuned.profile.load import parse_profile
 from tests.faults import FaultKernel, live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")

@@ -34,10 +34,10 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
+from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.host.proc import read_process
 from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
 from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon
 

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.engine import plan_profile
-from gputuned.host.control import request
+from gputuned.engine.plan import plan_profile
 from gputuned.host.proc import read_process
-from gputuned.host.system import read_cgroup_layout
 from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.kernel.system import read_cgroup_layout
+from gputuned.profile.load import load_profile
+from gputuned.service.control import request
 from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon
 from tests.users import python_for, system_user

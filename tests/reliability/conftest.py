@@ -152,7 +152,7 @@ def daemon(
     """A real gputuned on ``root``, ready when its control socket answers a status (the socket
     is there before the start's apply, its requests are answered after); SIGTERM at the end
     must make it exit 0. ``log``: its stderr goes there (a pipe fills up under many requests)."""
-    from gputuned.host.control import daemon_running, request
+    from gputuned.service.control import daemon_running, request
 
     out = log.open("w") if log is not None else None
     d = subprocess.Popen(

@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host.control import daemon_running, request
+from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.host.state import JOURNAL, HostLock
 from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
+from gputuned.service.control import daemon_running, request
 from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.reliability.conftest import (
     REPO,

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host.control import daemon_running, request
+from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
+from gputuned.service.control import daemon_running, request
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel

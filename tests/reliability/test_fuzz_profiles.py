@@ -19,7 +19,7 @@ For each document, written to a file:
   which every mutation passes), and the tree stays byte-identical.
 
 The control socket of a real daemon process gets malformed requests (one of them, 60,000
-nested "[", crashed the daemon with a RecursionError before gputuned/host/control.py caught
+nested "[", crashed the daemon with a RecursionError before gputuned/service/control.py caught
 it), random byte lines, an oversized line, a client that never reads its answers, more clients
 than the limit, and clients that stall or trickle: the daemon answers, drops whom it must, and
 keeps serving status to everyone else.
@@ -51,11 +51,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import gputuned.root
-from gputuned import cli
+from gputuned.cli import main as cli
 from gputuned.errors import GputunedError, ProfileError
-from gputuned.host.control import daemon_running, request
 from gputuned.kernel import Kernel
-from gputuned.profile import key_path, load_profile
+from gputuned.profile.load import load_profile
+from gputuned.profile.messages import key_path
+from gputuned.service.control import daemon_running, request
 from tests.faults import FaultKernel, tree_kernel
 from tests.reliability.conftest import REPO, reap_daemon, stop_daemon, subprocess_env
 from tests.unit.test_apply import PROFILES, digest, tree_copy

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host.control import MAX_CLIENTS, PER_USER, request
-from gputuned.host.userfiles import write_user_file_atomic
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
+from gputuned.service.control import MAX_CLIENTS, PER_USER, request
+from gputuned.store.userfiles import write_user_file_atomic
 from tests.faults import tree_kernel
 from tests.localuser import LocalUser
 from tests.reliability.conftest import REPO, USER, daemon, subprocess_env

@@ -28,14 +28,14 @@ import pytest
 
 import gputuned
 from gputuned import errors
-from gputuned.apply import apply_profile, read_state, revert_all
 from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.errors import ProfileError
-from gputuned.host.control import request
 from gputuned.host.state import ACTIVE, JOURNAL, STATE
-from gputuned.profile import load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import request
 from tests.faults import tree_kernel
 from tests.localuser import LocalUser
 from tests.reliability.conftest import USER, cli, daemon

@@ -71,7 +71,7 @@ Events = list[tuple[str, str]]
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
     """Notifications and host writes, in the order they happened."""
-    from gputuned.host.notify import Notifier
+    from gputuned.service.notify import Notifier
     from tests.faults import FaultKernel, WriteRecord
 
     log: Events = []

@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
-from gputuned import apply as apply_mod
 from gputuned import errors
-from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
-from gputuned.engine import plan_profile
+from gputuned.engine import apply as apply_mod
+from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.host.state import JOURNAL, HostLock
 from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
 from gputuned.settings.registry import expand
-from gputuned.verify import verify_plan
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.fakeproc import add_process, add_user, remove_process
 from tests.faults import FaultKernel, tree_kernel
@@ -359,7 +360,7 @@ def test_status_and_active_profile_recorded(tmp_path: Path) -> None:
 
 
 def test_stable_captures_before_and_after_a_round_trip_are_identical(tmp_path: Path) -> None:
-    from gputuned.host.capture import capture
+    from gputuned.kernel.capture import capture
 
     root = tree_copy("h200-captured", tmp_path)
     capture(tree_kernel(root), tmp_path / "a", stable=True)

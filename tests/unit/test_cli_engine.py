@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli
+from gputuned.cli import main as cli
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
 

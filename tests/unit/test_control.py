@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host.control import (
+from gputuned.service.control import (
     CONTROL_SOCKET,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,

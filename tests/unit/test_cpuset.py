@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.engine import plan_profile
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.plan import plan_profile
 from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
 from gputuned.settings.registry import expand
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy

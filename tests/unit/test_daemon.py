@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gputuned.apply import apply_profile
 from gputuned.daemon import Daemon
+from gputuned.engine.apply import apply_profile
 from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
 from tests.fakeproc import add_process, stat_line, status_text
 from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.unit.conftest import Events
@@ -180,7 +180,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
 
 
 def test_control_commands(tmp_path: Path, events: Events) -> None:
-    from gputuned.host.control import PeerCred, request
+    from gputuned.service.control import PeerCred, request
 
     root = tree_copy("h200-captured", tmp_path)
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
@@ -335,8 +335,8 @@ def test_a_placement_journals_with_one_fsync(
 def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, events: Events) -> None:
     """Killed after the batch is durable and before any write: the revert finds every value
     still the original and the host ends as before."""
-    from gputuned.apply import ApplyReport, apply_settings, revert_all
-    from gputuned.engine import read_context
+    from gputuned.engine.apply import ApplyReport, apply_settings, revert_all
+    from gputuned.engine.plan import read_context
     from gputuned.journal import Journal
 
     root = tree_copy("h200-captured", tmp_path, server=False)
@@ -345,7 +345,7 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     before = digest(root)
     prof = load_profile(profile_file(tmp_path))
     ctx = read_context(host, prof)
-    from gputuned.engine import plan_processes
+    from gputuned.engine.plan import plan_processes
 
     settings, _claims = plan_processes(ctx, [6000])
     assert settings
@@ -403,7 +403,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
     """Drift repair, reload and control apply meet a plan error (say a neighbour's partition
     took the CPUs): what is applied stays, the daemon keeps running and says so."""
     from gputuned import errors
-    from gputuned.host.control import PeerCred
+    from gputuned.service.control import PeerCred
 
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
@@ -416,7 +416,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         raise errors.PlanError("CPUs 1-2 are held by another valid partition")
 
     with monkeypatch.context() as m:
-        m.setattr("gputuned.apply.plan_profile", refuse)
+        m.setattr("gputuned.engine.apply.plan_profile", refuse)
         d._drift_ticks = 9
         d._next["drift"] = 0.0
         d._timers()

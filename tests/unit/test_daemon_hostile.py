@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile
 from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
-from gputuned.host.control import PeerCred
-from gputuned.host.loop import Loop
-from gputuned.profile import load_profile, parse_profile
+from gputuned.engine.apply import apply_profile
+from gputuned.engine.plan import plan_profile
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import PeerCred
+from gputuned.service.loop import Loop
 from tests.faults import tree_kernel
 from tests.unit.conftest import Events
 from tests.unit.test_apply import digest, tree_copy
@@ -68,7 +68,7 @@ def test_metrics_port_in_a_sandbox_without_ip_does_not_end_the_daemon(
     assert d.metrics is None and d.control is not None
     status = d._handle({"cmd": "status"}, ROOT_PEER)
     assert any("metrics off" in n and "EAFNOSUPPORT" in n for n in status["notes"]), status
-    from gputuned.render import render_status
+    from gputuned.cli.render import render_status
 
     render_status(status)  # says so on the terminal too
     assert "metrics off" in capsys.readouterr().out
@@ -108,7 +108,7 @@ def test_without_cap_chown_the_start_fails_before_any_write(
     def no_cap_chown(*_a: Any, **_k: Any) -> None:
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
-    monkeypatch.setattr("gputuned.host.control.os.chown", no_cap_chown)
+    monkeypatch.setattr("gputuned.service.control.os.chown", no_cap_chown)
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = with_daemon_table(profile_file(tmp_path), 'control_group = "root"')

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.control import request
+from gputuned.service.control import request
 from tests.faults import tree_kernel
 from tests.unit.test_apply import digest, tree_copy
 from tests.unit.test_daemon import profile_file

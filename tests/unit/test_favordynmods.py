@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
-from gputuned.changes import Change
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import mounts
-from gputuned.host.capture import capture
+from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
+from gputuned.engine.changes import Change
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.kernel import mounts
+from gputuned.kernel.capture import capture
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
 from gputuned.sim.model import TreeModel
 from gputuned.sim.tree import SimKernel
-from gputuned.verify import verify_plan
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 

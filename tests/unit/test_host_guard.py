@@ -54,9 +54,10 @@ def _offences(path: Path) -> list[str]:
     return out
 
 
-#: The packages whose job is to reach the machine: the kernel port and its live backend, the
-#: simulated kernel (it edits a tree's files), and gputuned's own files and sockets.
-MACHINE_PACKAGES = {"host", "kernel", "sim"}
+#: The packages whose job is to reach the machine: the kernel port, its live backend and the
+#: machine's readers, the simulated kernel (it edits a tree's files), gputuned's own files
+#: (store) and the daemon's sockets, event loop and notify socket (service).
+MACHINE_PACKAGES = {"host", "kernel", "sim", "store", "service"}
 
 
 def test_only_host_package_touches_the_machine() -> None:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.engine import plan_profile
-from gputuned.host.capture import capture
-from gputuned.inspect import inspect
-from gputuned.profile import load_profile, parse_profile
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.capture import capture
+from gputuned.profile.load import load_profile, parse_profile
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.faults import tree_kernel
 

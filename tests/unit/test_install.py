@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.host import sysinstall
-from gputuned.install import (
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.cli.install import (
     PROFILES_DIR,
     RECORD,
     RULE,
@@ -19,6 +19,7 @@ from gputuned.install import (
     systemd_quote,
     uninstall_system,
 )
+from gputuned.kernel import sysinstall
 from tests.faults import tree_kernel
 
 REPO = Path(__file__).resolve().parents[2]

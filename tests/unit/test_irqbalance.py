@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, read_state, revert_all
 from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist
-from gputuned.engine import plan_profile
-from gputuned.profile import load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.profile.load import load_profile, parse_profile
 from tests.fakeproc import add_process
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, tree_copy

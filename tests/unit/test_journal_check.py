@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gputuned.apply import apply_profile, revert_all
+from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.host.state import JOURNAL
 from gputuned.journal import Journal
 from tests.faults import tree_kernel

@@ -2,7 +2,7 @@
 
 Every function of every tree is written out in the dump format ``lspci -xxxx`` prints, read
 back with ``lspci -vv -nn -D -F <dump>`` (pciutils), and each field lspci decodes is compared
-with ``gputuned.host.pciconfig``: identity, port type, DevCap/DevCtl payload sizes, LnkCap,
+with ``gputuned.kernel.pciconfig``: identity, port type, DevCap/DevCtl payload sizes, LnkCap,
 LnkCtl ASPM and LnkSta. lspci is a test dependency (``scripts/test`` installs it); without it
 this module fails rather than skips, because a skipped cross-check looks like a passing one.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.pci import PciDevice, scan
+from gputuned.kernel.pci import PciDevice, scan
 from tests.faults import FaultKernel, tree_kernel
 
 HOSTS = Path(__file__).resolve().parents[1] / "data" / "hosts"

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from gputuned import cli
-from gputuned.engine import plan_profile
-from gputuned.host.pciconfig import CAP_EXP, DEVCAP, DEVCTL, parse_config
-from gputuned.inspect import inspect
-from gputuned.profile import parse_profile
+from gputuned.cli import main as cli
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.pciconfig import CAP_EXP, DEVCAP, DEVCTL, parse_config
+from gputuned.profile.load import parse_profile
 from tests.faults import tree_kernel
 from tests.unit.test_apply import tree_copy
 

@@ -20,16 +20,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gputuned import errors
-from gputuned.host.httpmetrics import (
+from gputuned.engine.metrics import Exposition, add_verify, daemon_metrics, escape_label
+from gputuned.engine.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
+from gputuned.service.httpmetrics import (
     CONTENT_TYPE,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
     Allowed,
     MetricsServer,
 )
-from gputuned.host.loop import Loop
-from gputuned.metrics import Exposition, add_verify, daemon_metrics, escape_label
-from gputuned.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
+from gputuned.service.loop import Loop
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process
 from tests.faults import tree_kernel
@@ -335,7 +335,7 @@ def test_remote_clients_by_network() -> None:
 
 
 def test_sock_diag_names_the_owner_of_a_local_connection() -> None:
-    from gputuned.host.sockdiag import tcp_owner
+    from gputuned.service.sockdiag import tcp_owner
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.apply import ApplyError, apply_profile, revert_all
+from gputuned import errors
+from gputuned.cli import main as cli
 from gputuned.cpulist import format_mask, parse_cpulist
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host.pci import scan
-from gputuned.inspect import inspect
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.engine.apply import ApplyError, apply_profile, revert_all
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.kernel.pci import scan
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel

@@ -1,4 +1,4 @@
-"""gputuned.host.pci on every tree, against values written out by hand.
+"""gputuned.kernel.pci on every tree, against values written out by hand.
 
 The expected values below were read off the trees' sources (the captures in shared/hosts and
 the register edits in tests/data/build_trees.py), not computed by gputuned: if the parser or
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.pci import ASPM_POLICY, read_aspm_policy, read_cmdline, scan
-from gputuned.host.pciconfig import CAP_EXP, parse_config, read_registers
+from gputuned.kernel.pci import ASPM_POLICY, read_aspm_policy, read_cmdline, scan
+from gputuned.kernel.pciconfig import CAP_EXP, parse_config, read_registers
 from tests.conftest import ALL_TREES
 from tests.faults import FaultKernel, tree_kernel
 

@@ -24,16 +24,16 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
 from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
-from gputuned.host.control import PeerCred
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.plan import plan_profile
 from gputuned.host.proc import read_process
 from gputuned.host.procwatch import ProcEvent
 from gputuned.host.state import JOURNAL
 from gputuned.journal import Journal
 from gputuned.kernel.oserrors import translate
-from gputuned.profile import load_profile, parse_profile
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import PeerCred
 from tests.fakeproc import add_process, remove_process
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import SERVER_UID, digest, tree_copy

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, revert_all
-from gputuned.changes import Change
 from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.changes import Change
+from gputuned.engine.plan import plan_profile
 from gputuned.host.proc import read_process
 from gputuned.host.procwatch import ProcEvent
 from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile
+from gputuned.profile.load import load_profile
+from gputuned.profile.model import Profile
 from gputuned.tuners.spread import Member, spread
 from tests.fakeproc import add_process, add_thread, remove_thread
 from tests.faults import FaultKernel, tree_kernel

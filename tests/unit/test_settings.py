@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.engine import plan_profile
-from gputuned.opcheck import refusal
+from gputuned.engine.opcheck import refusal
+from gputuned.engine.plan import plan_profile
 from gputuned.settings.base import Op, Setting
 from gputuned.settings.registry import change_kinds, expand, settings
 from tests.faults import tree_kernel

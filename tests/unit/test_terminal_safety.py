@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli
+from gputuned.cli import main as cli
+from gputuned.cli.top import Target, compute_rows, render, take_snapshot
 from gputuned.textsafe import printable
-from gputuned.top import Target, compute_rows, render, take_snapshot
 from tests.fakeproc import add_process
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, SERVER_UID, tree_copy
@@ -94,7 +94,7 @@ def test_json_output_escapes_too(tree: Path, capsys: pytest.CaptureFixture[str])
 def test_log_lines_show_no_escape() -> None:
     import logging
 
-    from gputuned.host.notify import _PriorityPrefix
+    from gputuned.service.notify import _PriorityPrefix
     from gputuned.textsafe import PrintableFormatter
 
     record = logging.LogRecord("gputuned", logging.INFO, "", 0, "placed %s", (EVIL_COMM,), None)

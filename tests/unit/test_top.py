@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.cli import main
-from gputuned.host.control import ControlServer, PeerCred
-from gputuned.host.sampling import read_irq_counts, sample_process
-from gputuned.profile import load_profile
-from gputuned.top import Target, compute_rows, find_targets, run_top, take_snapshot
+from gputuned.cli.main import main
+from gputuned.cli.top import Target, compute_rows, find_targets, run_top, take_snapshot
+from gputuned.kernel.sampling import read_irq_counts, sample_process
+from gputuned.profile.load import load_profile
+from gputuned.service.control import ControlServer, PeerCred
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel
