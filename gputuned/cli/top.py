@@ -77,7 +77,7 @@ def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
     """The processes to watch."""
     if pids:
         return Targets([Target(p, "--pid") for p in pids], "processes named with --pid", "pid")
-    from gputuned.service.control import daemon_running, request
+    from gputuned.service.controlclient import daemon_running, request
 
     if daemon_running(kernel):
         st = request(kernel, {"cmd": "top"})

@@ -60,7 +60,7 @@ def _profile_for(kernel: Kernel, arg: Path | None) -> tuple[Profile, str]:
 
 def _daemon(kernel: Kernel, message: dict[str, Any]) -> dict[str, Any] | None:
     """Send ``message`` to a running gputuned; None when no daemon runs (one-shot mode)."""
-    from gputuned.service.control import daemon_running, request
+    from gputuned.service.controlclient import daemon_running, request
 
     if not daemon_running(kernel):
         return None
