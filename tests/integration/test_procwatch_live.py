@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pytest
 
 from gputuned.host import procwatch as pw
+from gputuned.host import procwire as wire
 from gputuned.host.proc import list_pids
 from gputuned.host.procwatch import ProcEvent, ProcWatcher
 from tests.faults import live_kernel
@@ -139,9 +140,11 @@ def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     stamped: dict[int, float] = {}
     parse = pw.parse_datagram
 
-    def keep(data: memoryview) -> list[pw.ConnectorEvent]:
+    def keep(data: memoryview) -> list[wire.ConnectorEvent]:
         evs = parse(data)
-        stamped.update((e.tgid, e.timestamp_ns / 1e9) for e in evs if e.what == pw.PROC_EVENT_EXEC)
+        stamped.update(
+            (e.tgid, e.timestamp_ns / 1e9) for e in evs if e.what == wire.PROC_EVENT_EXEC
+        )
         return evs
 
     monkeypatch.setattr(pw, "parse_datagram", keep)
