@@ -32,10 +32,7 @@ def profile_schema() -> dict[str, Any]:
     # Every tuner's model is called Config, so pydantic names them by module path
     # (gputuned__tuners__irq__Config); name them after their table instead (IrqConfig).
     renames = {
-        old: "".join(w.capitalize() for w in old.split("__")[-2].removesuffix("_config").split("_"))
-        + "Config"
-        for old in schema.get("$defs", {})
-        if old.endswith("__Config")
+        old: _config_name(old) for old in schema.get("$defs", {}) if old.endswith("__Config")
     }
     text = json.dumps(schema)
     for old, new in renames.items():
@@ -46,6 +43,16 @@ def profile_schema() -> dict[str, Any]:
         renames.get(k, k): v | {"title": renames.get(k, k)} for k, v in defs.items()
     }
     return renamed
+
+
+def _config_name(path: str) -> str:
+    """``gputuned__tuners__irq__Config`` -> ``IrqConfig``; the [daemon] table's model lives in
+    gputuned/daemon/config.py (``gputuned__daemon__config__Config``) -> ``DaemonConfig``."""
+    parts = path.split("__")[:-1]
+    table = parts[-1].removesuffix("_config")
+    if table == "config":
+        table = parts[-2]
+    return "".join(w.capitalize() for w in table.split("_")) + "Config"
 
 
 #: (TOML table heading, model, module whose docstring is that tuner's manual)
