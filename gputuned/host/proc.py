@@ -12,6 +12,9 @@ from gputuned.host.fs import Host
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
 #: include/linux/sched.h: the flags field (9) of /proc/PID/stat for a kernel thread.
 PF_KTHREAD = 0x00200000
+#: Bytes of /proc/PID/cmdline read: any user writes their own command line, up to 2 MiB, and
+#: rules' regexes are searched in it (tuners/cmdmatch.py; issue 14, finding 5).
+CMDLINE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class ProcInfo:
     start_time: int
     comm: str
     exe: str | None
-    cmdline: str
+    cmdline: str  # arguments joined by spaces; the first CMDLINE_BYTES bytes only
     cgroup: str  # the cgroup v2 path ("0::/..." line); "" when none
     threads: tuple[ThreadInfo, ...]
     ppid: int = 0
@@ -94,7 +97,8 @@ def read_process(
         for line in host.read_text(f"{base}/cgroup").splitlines():
             if line.startswith("0::"):
                 cgroup = line[3:]
-    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
+    raw = host.read_bytes(f"{base}/cmdline", 0, CMDLINE_BYTES)
+    cmdline = raw.decode("utf-8", errors="replace").replace("\0", " ").strip()
     found = []
     if threads:
         for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):

@@ -44,8 +44,13 @@ Match keys:
 - `cgroup`: prefix of the process's cgroup v2 path as `/proc/PID/cgroup` shows it.
 - `exe`: exact path of the executable, as `/proc/PID/exe` points to.
 - `comm`: exact command name (`/proc/PID/comm`; the kernel keeps 15 characters).
-- `cmdline`: Python regular expression searched (`re.search`) in the command line, arguments
-  joined by single spaces.
+- `cmdline`: Python regular expression searched (`re.search`) in the first 4096 bytes of the
+  command line, arguments joined by single spaces. Any user writes their own command line, so
+  a pattern that repeats a part holding another unbounded repetition (`(\S+\s+)*`) is
+  refused: it can backtrack exponentially. Write the outer repetition possessive (`*+`) or
+  atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
+  stopped and its pattern suspended until the profile is applied again (it matches nothing;
+  a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
 - `uses_gpu`: the process has this GPU (index) open.
 
 Who may have it: `exe`, `comm`, `cmdline` and `uses_gpu` are every local user's to choose (a
@@ -92,6 +97,7 @@ from gputuned.tuners.proctree import (
     policy_value,
     tuned_by,
 )
+from gputuned.tuners.cmdmatch import SEARCHES, check_pattern
 from gputuned.tuners.procwrite import ChangeWriter
 
 __all__ = [
@@ -192,6 +198,7 @@ class Match(BaseModel):
                 f"{value!r} is not a valid Python regular expression ({exc}); "
                 "escape literal characters such as ( [ . * + ? with a backslash"
             ) from None
+        check_pattern(value)  # searched in other users' command lines: no exponential ones
         return value
 
     @field_validator("unit")
@@ -374,6 +381,7 @@ class ProcessTuner:
         children they start later)."""
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
+        out.notes += SEARCHES.notes()
         rules = {r.name: r for r in ctx.profile.process}
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
