@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from gputuned.profile import Profile
     from gputuned.topology import HostCpus
     from gputuned.tuners.proctree import Claim
+    from gputuned.tuners.spread import Held
 
 
 #: How a setting is read and written (gputuned.actions implements each):
@@ -102,6 +103,9 @@ class PlanContext:
     irq_nodes: dict[int, int] = field(default_factory=dict)
     #: Processes claimed by a rule earlier (the daemon's): parents of the processes listed.
     claimed: dict[int, Claim] = field(default_factory=dict)
+    #: The CPUs of the threads of processes placed earlier (the daemon's), by PID: a tree
+    #: spread over a partition is planned whole when one new process of it is placed.
+    held: dict[int, Held] = field(default_factory=dict)
     #: The journaled original of a setting by its key, None when it is not journaled.
     original: Callable[[str], str | None] = field(default=lambda _key: None)
 

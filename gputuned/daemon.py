@@ -70,6 +70,7 @@ from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.textsafe import printable
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS
+from gputuned.tuners.spread import Held, held_threads
 from gputuned.verify import verify_plan
 
 log = logging.getLogger("gputuned")
@@ -92,6 +93,9 @@ class Daemon:
         self._drift_ticks = 0
         self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
         self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
+        # The CPUs placed processes' threads were given: a new process of a tree spread over
+        # a partition is planned against them (tuners/spread.py).
+        self.held: dict[int, Held] = {}
         self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
@@ -325,6 +329,7 @@ class Daemon:
         self.settings = [
             c for c in plan.settings if not c.report_only and c.key not in report.not_possible
         ]
+        self.held = held_threads(self.settings)
         self._drift_ticks = 0
         for w in report.written:
             log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
@@ -397,11 +402,14 @@ class Daemon:
         if self.profile is None or self.ctx is None or not self.profile.process:
             return
         t0 = time.perf_counter()
-        ctx = dataclasses.replace(self.ctx, claimed=self.claims, registered=self.registered)
+        ctx = dataclasses.replace(
+            self.ctx, claimed=self.claims, registered=self.registered, held=self.held
+        )
         settings, claims = plan_processes(ctx, pids)
         self.claims.update(claims)
         if not settings:
             return
+        self._keep(settings)
         report = ApplyReport()
         assert self.journal is not None
         apply_settings(self.host, self.journal, settings, report, keep_going=True, batch=True)
@@ -414,6 +422,14 @@ class Daemon:
                 len(report.written),
                 (time.perf_counter() - t0) * 1e3,
             )
+
+    def _keep(self, settings: list[Change]) -> None:
+        """A placement's settings join those the drift check re-reads, replacing the same
+        settings planned earlier (a thread moved off the CPU a new main thread took)."""
+        mine = [c for c in settings if not c.report_only]
+        keys = {c.key for c in mine}
+        self.settings = [c for c in self.settings if c.key not in keys] + mine
+        self.held.update(held_threads(mine))
 
     # -- events -------------------------------------------------------------------------------
 
@@ -447,8 +463,18 @@ class Daemon:
         return self.claims[pid].role != "excluded"
 
     def _forget(self, pid: int) -> bool:
-        was_claimed = self.claims.pop(pid, None) is not None
+        was_claimed = self._drop(pid)
         return self.registered.pop(pid, None) is not None or was_claimed
+
+    def _drop(self, pid: int) -> bool:
+        """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
+        self.held.pop(pid, None)
+        if self.claims.pop(pid, None) is None:
+            return False
+        self.settings = [
+            c for c in self.settings if c.tuner != "process" or c.data.get("pid") != pid
+        ]
+        return True
 
     def _on_udev(self) -> None:
         assert self.udev is not None
@@ -554,7 +580,7 @@ class Daemon:
         if cmd == "revert":
             rep = revert_all(self.host, lock=False, journal=self.journal)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
-            self.reload_path, self._verify_cache = None, None
+            self.reload_path, self._verify_cache, self.held = None, None, {}
             self.status = "idle: reverted (gputunectl apply PROFILE)"
             self._schedule()
             self.notify.send(f"STATUS={self.status}")
@@ -611,7 +637,7 @@ class Daemon:
                 )
             tree = {pid} | _descendants(self.claims, pid)
             for p in tree:
-                self.claims.pop(p, None)
+                self._drop(p)
             self.registered.pop(pid, None)
             return restore_processes(self.host, tree, self.journal).to_json()
         if self.profile is None or not self.profile.process:

@@ -190,3 +190,40 @@ def add_user(root: Path, name: str, uid: int) -> None:
     passwd.parent.mkdir(parents=True, exist_ok=True)
     have = passwd.read_text() if passwd.is_file() else "root:x:0:0:root:/root:/bin/bash\n"
     passwd.write_text(have + f"{name}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n")
+
+
+def add_thread(
+    root: Path, pid: int, tid: int, *, cpus: str, nice: int = 0, policy: int = 0
+) -> None:
+    """Process ``pid`` starts thread ``tid`` with what clone copied from the thread that made it
+    (``cpus``, ``nice``, ``policy``: kernel/fork.c)."""
+    base = root / "proc" / str(pid)
+    stat = (base / "stat").read_text()
+    comm, fields = stat.partition("(")[2].rpartition(")")[0], stat.rpartition(")")[2].split()
+    start, ppid = int(fields[22 - 3]), int(fields[4 - 3])
+    tids = [t for t in (base / "task").iterdir() if t.name.isdigit()]
+    tdir = base / "task" / str(tid)
+    tdir.mkdir()
+    n = len(tids) + 1
+    sched = {"nice": nice, "policy": policy, "rt_priority": 0}
+    tdir.joinpath("stat").write_text(
+        stat_line(pid, tid, comm, start_time=start, nthreads=n, ppid=ppid, **sched)
+    )
+    tdir.joinpath("status").write_text(
+        status_text(
+            pid,
+            tid,
+            comm,
+            nthreads=n,
+            cpus=parse_cpulist(cpus),
+            nr_cpus=_nr_cpu_ids(root),
+            ppid=ppid,
+        )
+    )
+    tdir.joinpath("comm").write_text(comm + "\n")
+    tdir.joinpath("cgroup").write_text((base / "cgroup").read_text())
+
+
+def remove_thread(root: Path, pid: int, tid: int) -> None:
+    """Thread ``tid`` of process ``pid`` exits."""
+    shutil.rmtree(root / "proc" / str(pid) / "task" / str(tid))

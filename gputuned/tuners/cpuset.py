@@ -16,7 +16,8 @@ Modes:
 
 - `"root"`: a partition with load balancing among its CPUs. No reboot needed.
 - `"isolated"`: also turns off load balancing on those CPUs at run time (Linux 6.1+). Threads
-  stay where they are put, so processes moved in should have `spread_threads = true`.
+  stay where they are put, so processes moved in should have `spread_threads = true` (a CPU
+  per thread, each process's main thread on one of its own).
 - `"affinity"`: no cgroup; matched processes are only pinned with per-thread affinity. Other
   work can still run on those CPUs.
 - `"none"`: no partition and no pinning (`favordynmods` still applies).

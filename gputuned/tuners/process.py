@@ -29,6 +29,17 @@ throughput and p99 token latency as ratios to a quiet run): untuned 0.53x / 2.56
 policies also fail with EPERM in cgroups that have the cpu controller but no RT budget. Use
 `policy = "other"` with a negative `nice` unless you have measured otherwise.
 
+`spread_threads` (inside an isolated partition, which does no load balancing: a thread stays on
+the CPU it was put on or created on) pins every thread to one CPU, planned for all the
+processes the rules place on that CPU set together, not one process at a time: each process's
+main thread (the loop that launches the GPU work, in vLLM's API server, EngineCore and every
+worker) gets a CPU no other thread holds, matched processes first, then descendants by start
+time, while one CPU is left for the other threads; past that, main threads share those CPUs
+evenly. The other threads go to the CPUs holding no main thread, evenly, least loaded first.
+A thread already on a CPU of the set that suits it stays there, so re-plans and new processes
+move only what must move; a child that inherited its parent's CPU at fork gets its own. Give
+the set more CPUs than the server has processes.
+
 Confining a server to few CPUs can cost throughput; the best count depends on host and workload,
 so the CPU sets in `[cpusets]` say it explicitly: measure before settling on one.
 
@@ -46,7 +57,7 @@ Match keys:
 - `comm`: exact command name (`/proc/PID/comm`; the kernel keeps 15 characters).
 - `cmdline`: Python regular expression searched (`re.search`) in the first 4096 bytes of the
   command line, arguments joined by single spaces. Any user writes their own command line, so
-  a pattern that repeats a part holding another unbounded repetition (`(\S+\s+)*`) is
+  a pattern that repeats a part holding another unbounded repetition (`(\\S+\\s+)*`) is
   refused: it can backtrack exponentially. Write the outer repetition possessive (`*+`) or
   atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
   stopped and its pattern suspended until the profile is applied again (it matches nothing;
@@ -63,6 +74,7 @@ outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule sa
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import (
@@ -80,9 +92,10 @@ from pydantic import (
 from gputuned import errors
 from gputuned.changes import Change, PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
-from gputuned.host.proc import ProcInfo, ThreadInfo, read_process
+from gputuned.host.proc import ProcInfo, read_process
 from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.system import cgroup_cpus
+from gputuned.tuners.cmdmatch import SEARCHES, check_pattern
 from gputuned.tuners.proctree import (
     Claim,
     Tuned,
@@ -97,8 +110,8 @@ from gputuned.tuners.proctree import (
     policy_value,
     tuned_by,
 )
-from gputuned.tuners.cmdmatch import SEARCHES, check_pattern
 from gputuned.tuners.procwrite import ChangeWriter
+from gputuned.tuners.spread import Spread, tree_spreads
 
 __all__ = [
     "Claim",
@@ -319,8 +332,11 @@ class Config(BaseModel):
     spread_threads: StrictBool = Field(
         default=False,
         description=(
-            "Inside an isolated partition, pin each thread to its own CPU and leave the main "
-            "thread a CPU alone (there is no load balancing there)."
+            "Inside an isolated partition (no load balancing there), pin every thread to one "
+            "CPU, planned over all processes placed on the set: each process's main thread "
+            "gets a CPU of its own (matched processes first, then descendants by start time) "
+            "while one is left for the other threads, which share the rest evenly. Threads "
+            "already placed stay where they are."
         ),
     )
     children: Literal["follow", "ignore"] = Field(
@@ -382,7 +398,6 @@ class ProcessTuner:
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
         out.notes += SEARCHES.notes()
-        rules = {r.name: r for r in ctx.profile.process}
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
             if rule.name not in found:
@@ -395,33 +410,61 @@ class ProcessTuner:
                 "started after a one-shot apply are placed only while the daemon (gputuned) "
                 "runs, and revert puts back any that inherited the placement"
             )
-        origin_of: dict[int, dict[str, str | None]] = {}
-        for pid, c in claims.items():
-            rule = rules[c.rule]
-            try:  # the scan read no threads: read them for the processes that matter
-                full = read_process(ctx.host, pid)
-            except errors.TargetGone:
-                continue  # exited since the scan
-            if full.start_time != c.start:
-                continue
-            tuned = tuned_by(ctx, rule)
-            orig = origins(full, c, tuned, parent_origin(ctx, c, origin_of), ctx.original)
-            origin_of[pid] = orig
-            if c.role == "excluded":
-                out.changes += self._give_back(ctx, rule, full, c, orig, tuned)
+        placing, spreads = self._read_all(ctx, claims)
+        for pid, p in placing.items():
+            if p.role == "excluded":
+                out.changes += self._give_back(ctx, p)
             else:
-                out.changes += self._plan_proc(ctx, rule, full, c, orig, tuned)
+                out.changes += self._plan_proc(ctx, p, spreads.get(pid))
         return out, claims
 
-    def _plan_proc(
-        self,
+    def _read_all(
+        self, ctx: PlanContext, claims: dict[int, Claim]
+    ) -> tuple[dict[int, _Placing], dict[int, Spread]]:
+        """Every claimed process read with its threads (parents first), and the spread of
+        each process of a spread tree (tuners/spread.py). Planning a spread may need processes
+        placed earlier whose threads move: they are read again and join the result."""
+        rules = {r.name: r for r in ctx.profile.process}
+        origin_of: dict[int, dict[str, str | None]] = {}
+        out: dict[int, _Placing] = {}
+        for pid, c in claims.items():
+            p = self._read(ctx, rules[c.rule], pid, c, origin_of)
+            if p is not None:
+                out[pid] = p
+
+        def load(pid: int) -> ProcInfo | None:
+            c = ctx.claimed[pid]
+            p = self._read(ctx, rules[c.rule], pid, c, origin_of) if c.rule in rules else None
+            if p is not None:
+                out[pid] = p
+            return None if p is None else p.proc
+
+        placed = {pid: (p.rule, p.claim, p.proc) for pid, p in out.items() if p.role != "excluded"}
+        return out, tree_spreads(ctx, placed, load)
+
+    @staticmethod
+    def _read(
         ctx: PlanContext,
         rule: Config,
-        proc: ProcInfo,
+        pid: int,
         c: Claim,
-        orig: dict[str, str | None],
-        tuned: Tuned,
-    ) -> list[Change]:
+        origin_of: dict[int, dict[str, str | None]],
+    ) -> _Placing | None:
+        """``pid`` with its threads (the scan read none), and its originals; None once it has
+        exited or its PID is another process's. Parents before children: a child's
+        originals come from its parent's (``origin_of``)."""
+        try:
+            full = read_process(ctx.host, pid)
+        except errors.TargetGone:
+            return None
+        if full.start_time != c.start:
+            return None
+        tuned = tuned_by(ctx, rule)
+        orig = origins(full, c, tuned, parent_origin(ctx, c, origin_of), ctx.original)
+        origin_of[pid] = orig
+        return _Placing(rule, full, c, orig, tuned)
+
+    def _plan_proc(self, ctx: PlanContext, p: _Placing, spread: Spread | None) -> list[Change]:
         """Settings for one process, in apply order: nice, policy, cgroup, then affinity.
 
         The move comes before the affinity: once a partition holds its CPUs they leave every
@@ -434,7 +477,8 @@ class ProcessTuner:
         or its parent's: see proctree.origins()) got that value from gputuned's placement: its
         journaled original is that one, not the value it shows.
         """
-        w = ChangeWriter(self.name, ctx, rule, proc, c)
+        rule, proc, orig, tuned = p.rule, p.proc, p.orig, p.tuned
+        w = ChangeWriter(self.name, ctx, rule, proc, p.claim)
         threads = proc.threads
         if rule.nice is not None:
             w.per_thread(
@@ -458,14 +502,13 @@ class ProcessTuner:
         if tuned.cgroup is not None:
             w.move(tuned.cgroup, orig.get("cgroup") if proc.cgroup == tuned.cgroup else None)
         if rule.cpus != "keep":
-            cs = ctx.profile.cpuset
             cpus = ctx.sets.sets[rule.cpus]
-            isolated = cs is not None and cs.mode == "isolated"
-            plan = thread_cpus(threads, cpus, rule.spread_threads and isolated)
-            shown = format_cpulist(cpus)
-            if len(set(plan.values())) > 1:
-                main = format_cpulist(plan[proc.pid])
-                shown = f"one CPU each over {shown}, main thread alone on {main}"
+            if spread is None:
+                plan = {t.tid: cpus for t in threads}
+                shown = format_cpulist(cpus)
+            else:  # one CPU a thread, planned with the rest of the tree (tuners/spread.py)
+                plan = {t.tid: frozenset({spread.cpu[t.tid]}) for t in threads}
+                shown = spread.describe(proc.pid, plan)
             # A thread whose affinity is just what its cgroup allows never chose one: its
             # original is "whatever the cgroup allows" (DEFAULT_AFFINITY), not the CPU list
             # of the moment, which a partition may have narrowed.
@@ -484,19 +527,12 @@ class ProcessTuner:
             )
         return w.out
 
-    def _give_back(
-        self,
-        ctx: PlanContext,
-        rule: Config,
-        proc: ProcInfo,
-        c: Claim,
-        orig: dict[str, str | None],
-        tuned: Tuned,
-    ) -> list[Change]:
+    def _give_back(self, ctx: PlanContext, p: _Placing) -> list[Change]:
         """A descendant the rule leaves out: where it shows what the placement passed on at
         fork, it gets its ancestor's original instead (journaled as its own, so revert leaves
         it so). Nothing where it never inherited anything from gputuned."""
-        w = ChangeWriter(self.name, ctx, rule, proc, c)
+        rule, proc, orig, tuned = p.rule, p.proc, p.orig, p.tuned
+        w = ChangeWriter(self.name, ctx, rule, proc, p.claim)
         for attr in ("nice", "policy", "cgroup", "affinity"):
             was = orig.get(attr)
             if was is None:
@@ -514,6 +550,21 @@ class ProcessTuner:
         return w.out
 
 
+@dataclass(frozen=True)
+class _Placing:
+    """A process a rule claims, read with its threads, and its originals."""
+
+    rule: Config
+    proc: ProcInfo
+    claim: Claim
+    orig: dict[str, str | None]
+    tuned: Tuned
+
+    @property
+    def role(self) -> str:
+        return self.claim.role
+
+
 #: Journal value of an affinity the thread never set itself (see _plan_proc).
 DEFAULT_AFFINITY = "cgroup-default"
 
@@ -526,23 +577,3 @@ def _cgroup_cpus(ctx: PlanContext, cgroup: str) -> frozenset[int]:
         if cpus is not None:
             return cpus
     return ctx.cpus.online
-
-
-def thread_cpus(
-    threads: tuple[ThreadInfo, ...], cpus: frozenset[int], spread: bool
-) -> dict[int, frozenset[int]]:
-    """CPU set per thread. Spread: the main thread alone on the first CPU, the rest round robin.
-
-    Inside an isolated partition the scheduler does not balance load (cgroup-v2.rst, "isolated"
-    partitions), so threads left on the whole set would pile onto one CPU.
-    """
-    if not spread or len(cpus) < 2 or not threads:
-        return {t.tid: cpus for t in threads}
-    order = sorted(cpus)
-    main, rest = order[0], order[1:]
-    out = {}
-    workers = [t for t in threads if t.tid != threads[0].tid]
-    out[threads[0].tid] = frozenset({main})
-    for i, t in enumerate(workers):
-        out[t.tid] = frozenset({rest[i % len(rest)]})
-    return out
