@@ -53,8 +53,9 @@ def check_pattern(pattern: str) -> None:
         f"{pattern!r} repeats a part that itself holds {inner}: on a command line made for it "
         "(any local user writes their own) such a pattern backtracks exponentially, and 40 "
         "repeated options stalled matching for minutes. Make the outer repetition possessive "
-        "('*+', '++', '{m,}+') or atomic ('(?>...)*') so that it never gives back what it "
-        "matched, bound it ('{0,16}'), or drop the inner repetition"
+        "('*+', '++', '{m,}+'; with non-capturing groups '(?:...)' inside it: Python 3.11 "
+        "fails on capturing ones there) or atomic ('(?>...)*') so that it never gives back "
+        "what it matched, bound it ('{0,16}'), or drop the inner repetition"
     )
 
 
