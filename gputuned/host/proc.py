@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gputuned import errors
@@ -73,13 +74,21 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
 
 
 def read_process(
-    host: Host, pid: int, *, threads: bool = True, brief: bool = False, owner: bool = False
+    host: Host,
+    pid: int,
+    *,
+    threads: bool = True,
+    brief: bool = False,
+    owner: bool = False,
+    tids: Iterable[int] | None = None,
 ) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
     ``threads=False`` skips the per-thread files; ``brief`` also skips exe and cgroup (exe
     None, cgroup ""): enough to match comm and cmdline rules across every process cheaply.
-    ``owner`` also reads the user IDs (one more file, /proc/PID/status).
+    ``owner`` also reads the user IDs (one more file, /proc/PID/status). ``tids``: only these
+    threads and the main one, not every thread (the daemon's answer to a new thread reads that
+    thread, not all of them again: issue 14, finding 6); those that have ended are left out.
     """
     base = f"/proc/{pid}"
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
@@ -101,7 +110,12 @@ def read_process(
     cmdline = raw.decode("utf-8", errors="replace").replace("\0", " ").strip()
     found = []
     if threads:
-        for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):
+        listed = (
+            sorted({pid, *tids})
+            if tids is not None
+            else sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit())
+        )
+        for tid in listed:
             try:
                 found.append(read_thread(host, f"{base}/task/{tid}", tid))
             except errors.TargetGone:

@@ -74,6 +74,7 @@ outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule sa
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -392,9 +393,14 @@ class ProcessTuner:
     def plan(self, ctx: PlanContext) -> TunerPlan:
         return self.plan_tree(ctx)[0]
 
-    def plan_tree(self, ctx: PlanContext) -> tuple[TunerPlan, dict[int, Claim]]:
+    def plan_tree(
+        self, ctx: PlanContext, only: Mapping[int, Collection[int]] | None = None
+    ) -> tuple[TunerPlan, dict[int, Claim]]:
         """The plan, and every process a rule claims (the daemon keeps those to place the
-        children they start later)."""
+        children they start later). ``only``: pid -> the threads to plan (the daemon's new
+        threads), the main thread read with them for the process's originals; other pids
+        and processes of ``spread_threads`` rules (one CPU a thread, planned against every
+        thread) are read whole."""
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
         out.notes += SEARCHES.notes()
@@ -410,7 +416,7 @@ class ProcessTuner:
                 "started after a one-shot apply are placed only while the daemon (gputuned) "
                 "runs, and revert puts back any that inherited the placement"
             )
-        placing, spreads = self._read_all(ctx, claims)
+        placing, spreads = self._read_all(ctx, claims, only or {})
         for pid, p in placing.items():
             if p.role == "excluded":
                 out.changes += self._give_back(ctx, p)
@@ -419,7 +425,7 @@ class ProcessTuner:
         return out, claims
 
     def _read_all(
-        self, ctx: PlanContext, claims: dict[int, Claim]
+        self, ctx: PlanContext, claims: dict[int, Claim], only: Mapping[int, Collection[int]]
     ) -> tuple[dict[int, _Placing], dict[int, Spread]]:
         """Every claimed process read with its threads (parents first), and the spread of
         each process of a spread tree (tuners/spread.py). Planning a spread may need processes
@@ -428,7 +434,9 @@ class ProcessTuner:
         origin_of: dict[int, dict[str, str | None]] = {}
         out: dict[int, _Placing] = {}
         for pid, c in claims.items():
-            p = self._read(ctx, rules[c.rule], pid, c, origin_of)
+            rule = rules[c.rule]
+            tids = None if rule.spread_threads else only.get(pid)
+            p = self._read(ctx, rule, pid, c, origin_of, tids)
             if p is not None:
                 out[pid] = p
 
@@ -449,12 +457,13 @@ class ProcessTuner:
         pid: int,
         c: Claim,
         origin_of: dict[int, dict[str, str | None]],
+        tids: Collection[int] | None = None,
     ) -> _Placing | None:
         """``pid`` with its threads (the scan read none), and its originals; None once it has
         exited or its PID is another process's. Parents before children: a child's
         originals come from its parent's (``origin_of``)."""
         try:
-            full = read_process(ctx.host, pid)
+            full = read_process(ctx.host, pid, tids=tids)
         except errors.TargetGone:
             return None
         if full.start_time != c.start:
