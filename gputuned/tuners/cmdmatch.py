@@ -151,9 +151,11 @@ class Searches:
         rx = self._compiled.get(pattern)
         if rx is None:
             rx = self._compiled[pattern] = re.compile(pattern)
-        budget = self._budget or CpuBudget(self.budget_s)
         try:
-            return budget.run(lambda: rx.search(text) is not None)
+            if self._budget is not None:
+                return self._budget.run(lambda: rx.search(text) is not None)
+            with CpuBudget(self.budget_s) as budget:  # outside budgeted(): a handler for this one
+                return budget.run(lambda: rx.search(text) is not None)
         except Overrun as exc:
             why = f"{exc} on the command line of pid {pid} ({len(text)} characters)"
         except Exception as exc:  # the engine's own errors (SystemError, RecursionError)
