@@ -58,8 +58,9 @@ Match keys:
 - `cmdline`: Python regular expression searched (`re.search`) in the first 4096 bytes of the
   command line, arguments joined by single spaces. Any user writes their own command line, so
   a pattern that repeats a part holding another unbounded repetition (`(\\S+\\s+)*`) is
-  refused: it can backtrack exponentially. Write the outer repetition possessive (`*+`) or
-  atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
+  refused: it can backtrack exponentially. Write the outer repetition possessive
+  (`(?:...)*+`, with non-capturing groups inside: Python 3.11 fails on capturing ones there)
+  or atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
   stopped and its pattern suspended until the profile is applied again (it matches nothing;
   a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
 - `uses_gpu`: the process has this GPU (index) open.
@@ -69,6 +70,11 @@ script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative
 real-time policy, CPUs or the partition must also match by `user`, `uid`, `unit` or a `cgroup`
 outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule says
 `any_user = true`.
+
+Threads: the daemon places a new thread of a placed process alone (clone gave it the placed
+values already; it reads that thread, not all of them). The journal holds one entry per
+attribute for each thread alive; an ended thread's entries are dropped, and the file is
+compacted once it holds 256 lines more than twice its live entries.
 """
 
 from __future__ import annotations
@@ -147,7 +153,10 @@ class Match(BaseModel):
     )
     cmdline: StrictStr | None = Field(
         default=None,
-        description="Python regex searched in the command line (arguments joined by spaces).",
+        description=(
+            "Python regex searched in the first 4096 bytes of the command line (arguments "
+            "joined by spaces); no unbounded repetition inside another (write '(?:...)*+')."
+        ),
     )
     user: StrictStr | None = Field(
         default=None,
