@@ -75,6 +75,8 @@ from gputuned.tuners.spread import Held, held_threads
 from gputuned.verify import verify_plan
 
 log = logging.getLogger("gputuned")
+#: New threads placed in one turn of the loop (each costs about a millisecond of CPU).
+THREADS_A_TURN = 256
 
 
 class Daemon:
@@ -92,6 +94,8 @@ class Daemon:
         self.ctx: PlanContext | None = None
         self._settings: list[Change] = []  # applied last, re-read by the drift check
         self._by_key: dict[str, Change] = {}
+        # New threads of placed processes not placed yet: pid -> TIDs (see _place_threads).
+        self._threads: dict[int, set[int]] = {}
         self._drift_ticks = 0
         self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
         self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
@@ -226,11 +230,13 @@ class Daemon:
             timeout = min(self._next.values(), default=now() + 1.0) - now()
             if self.watcher is not None and self.watcher.fileno() < 0:
                 timeout = min(timeout, self.watcher.timeout or 1.0)
-            if self.control is not None and self.control.pending():
-                timeout = 0.0  # requests wait for their turn: no sleep
+            if (self.control is not None and self.control.pending()) or self._threads:
+                timeout = 0.0  # requests and new threads wait for their turn: no sleep
             self.loop.run_once(min(timeout, 1.0))
             if self.watcher is not None and self.watcher.fileno() < 0:
                 self._guard("process scan", self._on_proc_events)
+            if self._threads:
+                self._guard("new threads", self._place_threads)
             if self.control is not None:
                 self._guard("control requests", self.control.serve)
                 self.control.expire(time.monotonic())
@@ -470,7 +476,6 @@ class Daemon:
     def _on_proc_events(self) -> None:
         assert self.watcher is not None
         new: list[int] = []
-        threads: dict[int, set[int]] = {}
         for ev in self.watcher.read():
             if ev.kind == "overflow":
                 log.warning(
@@ -486,8 +491,9 @@ class Daemon:
                 new.append(ev.pid)
             elif ev.kind == "thread" and ev.pid in self.claims and self._places(ev.pid):
                 # A thread: placed like its process, that thread alone (issue 14, finding 6:
-                # re-reading every thread at each new one made a thread storm quadratic).
-                threads.setdefault(ev.pid, set()).add(ev.tid)
+                # re-reading every thread at each new one made a thread storm quadratic),
+                # a few hundred a turn of the loop (_place_threads).
+                self._threads.setdefault(ev.pid, set()).add(ev.tid)
             elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
                 n = forget_process(self.host, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
@@ -495,18 +501,36 @@ class Daemon:
                 self.journal.compact_if_grown()
             elif ev.kind == "exit" and ev.pid in self.claims:
                 self._forget_thread(ev.pid, ev.tid)
-        whole = set(new)
         if new:
-            self._place(sorted(whole), "new process")
-        only = {pid: tids for pid, tids in threads.items() if pid not in whole}
-        if only:
-            self._place(sorted(only), "new thread", threads=only)
+            for pid in new:
+                self._threads.pop(pid, None)  # placed whole now
+            self._place(sorted(set(new)), "new process")
+
+    def _place_threads(self) -> None:
+        """Place up to THREADS_A_TURN of the new threads, then give the loop back: a
+        process's thousands of threads must not hold up a server's placement or root's
+        status behind them (new processes and requests are served between turns)."""
+        take: dict[int, set[int]] = {}
+        n = 0
+        for pid in list(self._threads):
+            tids = self._threads[pid]
+            while tids and n < THREADS_A_TURN:
+                take.setdefault(pid, set()).add(tids.pop())
+                n += 1
+            if not tids:
+                del self._threads[pid]
+            if n >= THREADS_A_TURN:
+                break
+        take = {pid: t for pid, t in take.items() if pid in self.claims}
+        if take:
+            self._place(sorted(take), "new thread", threads=take)
 
     def _forget_thread(self, pid: int, tid: int) -> None:
         """A thread of a placed process ended: its journal entries and settings go, so that
         the journal holds the threads alive, not every thread there ever was (issue 14,
         finding 6), and compaction keeps the file within twice that (Journal.compact_if_grown)."""
         start = self.claims[pid].start
+        self._threads.get(pid, set()).discard(tid)
         assert self.journal is not None
         for attr in ("nice", "policy", "affinity"):  # the per-thread settings
             self.journal.drop(f"thread:{pid}:{start}:{tid}:{attr}")
@@ -529,6 +553,7 @@ class Daemon:
     def _drop(self, pid: int) -> bool:
         """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
         self.held.pop(pid, None)
+        self._threads.pop(pid, None)
         if self.claims.pop(pid, None) is None:
             return False
         self.settings = [

@@ -13,13 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.daemon import Daemon
+from gputuned.daemon import THREADS_A_TURN, Daemon
 from gputuned.host import Host
 from gputuned.host.procwatch import ProcEvent
 from gputuned.host.state import JOURNAL
 from gputuned.journal import Journal
 from tests.fakeproc import add_thread, remove_thread
-from tests.unit.test_process_tree import API, PLACED, UNTUNED, api, daemon, feed, state
+from tests.unit.test_process_tree import (
+    API,
+    CORE,
+    PLACED,
+    UNTUNED,
+    api,
+    child,
+    daemon,
+    feed,
+    state,
+)
 
 __all__ = ["daemon"]  # the fixture
 
@@ -107,3 +117,33 @@ def test_threads_that_end_leave_the_journal_and_it_stays_bounded(
     assert d.stop() == 0
     assert state(root, API) == UNTUNED
     assert not (root / JOURNAL.lstrip("/")).exists() or Journal(Host(root)).entries() == []
+
+
+def test_a_thread_storm_does_not_hold_up_a_new_process(daemon: tuple[Daemon, Path]) -> None:
+    """New threads are placed a few hundred a turn of the loop; a process that starts
+    meanwhile is placed in the turn its event arrives, before the threads still waiting."""
+    d, root = daemon
+    d.start()
+    api(root, cpus="0,5-15")
+    feed(d, ProcEvent("exec", API, API))
+    storm = [API + 100 + i for i in range(2 * THREADS_A_TURN + 10)]
+    for tid in storm:
+        add_thread(root, API, tid, cpus="1-4", nice=-10)
+    assert d.watcher is not None
+    child(root, CORE, API, inherited=False)  # a child that has not inherited anything yet
+    events = [ProcEvent("thread", API, t, 1) for t in storm]
+    events += [ProcEvent("fork", CORE, CORE, API), ProcEvent("exec", CORE, CORE)]
+    d.watcher.read = lambda: events  # type: ignore[method-assign]
+    d._on_proc_events()
+    assert state(root, CORE) == PLACED  # placed at once, though after the storm's events
+    assert sum(map(len, d._threads.values())) == len(storm)
+    d._place_threads()
+    assert sum(map(len, d._threads.values())) == len(storm) - THREADS_A_TURN
+    remove_thread(root, API, storm[-1])  # it ends before its turn
+    feed(d, ProcEvent("exit", API, storm[-1]))
+    assert d._threads == {}
+    keys = api_thread_keys(root)
+    assert {f"thread:{API}:1000:{t}:nice" for t in storm[:-1]} <= keys
+    assert not any(f":{storm[-1]}:" in k for k in keys)
+    assert d.stop() == 0
+    assert state(root, API) == UNTUNED and state(root, CORE)[1:] == UNTUNED[1:]
