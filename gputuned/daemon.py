@@ -476,6 +476,21 @@ class Daemon:
     def _on_proc_events(self) -> None:
         assert self.watcher is not None
         new: list[int] = []
+        ended: list[str] = []  # journal keys of threads that ended
+        try:
+            self._read_proc_events(new, ended)
+        finally:
+            if ended:  # one append for all of them; then compact when grown
+                assert self.journal is not None
+                self.journal.drop_many(ended)
+                self.journal.compact_if_grown()
+        if new:
+            for pid in new:
+                self._threads.pop(pid, None)  # placed whole now
+            self._place(sorted(set(new)), "new process")
+
+    def _read_proc_events(self, new: list[int], ended: list[str]) -> None:
+        assert self.watcher is not None
         for ev in self.watcher.read():
             if ev.kind == "overflow":
                 log.warning(
@@ -500,11 +515,7 @@ class Daemon:
                 assert self.journal is not None
                 self.journal.compact_if_grown()
             elif ev.kind == "exit" and ev.pid in self.claims:
-                self._forget_thread(ev.pid, ev.tid)
-        if new:
-            for pid in new:
-                self._threads.pop(pid, None)  # placed whole now
-            self._place(sorted(set(new)), "new process")
+                ended.extend(self._forget_thread(ev.pid, ev.tid))
 
     def _place_threads(self) -> None:
         """Place up to THREADS_A_TURN of the new threads, then give the loop back: a
@@ -525,15 +536,16 @@ class Daemon:
         if take:
             self._place(sorted(take), "new thread", threads=take)
 
-    def _forget_thread(self, pid: int, tid: int) -> None:
-        """A thread of a placed process ended: its journal entries and settings go, so that
-        the journal holds the threads alive, not every thread there ever was (issue 14,
-        finding 6), and compaction keeps the file within twice that (Journal.compact_if_grown)."""
+    def _forget_thread(self, pid: int, tid: int) -> list[str]:
+        """A thread of a placed process ended: its settings go, and the journal keys returned
+        (dropped by the caller, all at once), so that the journal holds the threads alive, not
+        every thread there ever was (issue 14, finding 6); compaction keeps the file within
+        twice that plus 256 lines (Journal.compact_if_grown)."""
         start = self.claims[pid].start
         self._threads.get(pid, set()).discard(tid)
-        assert self.journal is not None
+        keys = []
         for attr in ("nice", "policy", "affinity"):  # the per-thread settings
-            self.journal.drop(f"thread:{pid}:{start}:{tid}:{attr}")
+            keys.append(f"thread:{pid}:{start}:{tid}:{attr}")
             ch = self._by_key.get(f"thread:{pid}:{start}:{attr}")
             if ch is not None:
                 for k in ("threads", "old", "origin"):
@@ -541,7 +553,7 @@ class Daemon:
         held = self.held.get(pid)
         if held is not None:
             held.threads.pop(tid, None)
-        self.journal.compact_if_grown()
+        return keys
 
     def _places(self, pid: int) -> bool:
         return self.claims[pid].role != "excluded"
