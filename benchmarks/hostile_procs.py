@@ -1,6 +1,6 @@
 """Hostile processes against a live daemon: long command lines and thread storms (issue 14, 5-6).
 
-    sudo flock /dev/shm/gputuned-live-kernel.lock python3 benchmarks/hostile_procs.py \
+    sudo flock /tmp/gputuned-live.lock python3 benchmarks/hostile_procs.py \
         [--scenario cmdline-long,cmdline-backtrack,threads,threads-paced] [--seconds 20] \
         [--threads 4000] [--thread-rate 300] [--json FILE]
 
@@ -206,6 +206,13 @@ def stop_daemon(daemon: Gputuned, answered: bool) -> dict[str, Any]:
     return daemon.stop()
 
 
+def finish(out: dict[str, Any], pinger: StatusPinger, dpid: int) -> None:
+    pinger.halt.set()
+    pinger.join()
+    out["root_status"] = pinger.figures()
+    out["daemon_answers_at_end"] = alive(dpid)
+
+
 def alive(pid: int) -> bool:
     try:
         request(HOST, {"cmd": "status"}, timeout=10)
@@ -242,10 +249,7 @@ def cmdline_attack(
         time.sleep(max(0.0, args.seconds - (time.monotonic() - t_load)))
         out["load_seconds"] = round(time.monotonic() - t_load, 1)
         out["daemon_cpu_s"] = round(cpu_s(dpid) - cpu0, 2)
-        pinger.halt.set()
-        pinger.join()
-        out["root_status"] = pinger.figures()
-        out["daemon_answers_at_end"] = alive(dpid)
+        finish(out, pinger, dpid)
     finally:
         if daemon.proc is not None:
             out["stop"] = stop_daemon(daemon, out.get("daemon_answers_at_end", False))
@@ -310,10 +314,7 @@ def thread_storm(args: argparse.Namespace, rate: float, work: Path, log: Any) ->
         children.stop(maker.proc, sig=signal.SIGKILL)
         time.sleep(2.0)
         out["journal_lines_after_exit"] = journal_lines()
-        pinger.halt.set()
-        pinger.join()
-        out["root_status"] = pinger.figures()
-        out["daemon_answers_at_end"] = alive(dpid)
+        finish(out, pinger, dpid)
     finally:
         if daemon.proc is not None:
             out["stop"] = stop_daemon(daemon, out.get("daemon_answers_at_end", False))
