@@ -20,7 +20,7 @@ from gputuned.host import Host
 from gputuned.host.proc import CMDLINE_BYTES, read_process
 from gputuned.profile import parse_profile
 from gputuned.tuners.cmdmatch import SEARCHES, Searches, check_pattern
-from tests.fakeproc import add_process
+from tests.fakeproc import add_process, remove_process
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, tree_copy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,3 +154,41 @@ def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path:
     assert not [c for c in plan.settings if c.tuner == "process"]
     notes = [n for n in plan.notes if "suspended" in n]
     assert len(notes) == 1 and "match.cmdline" in notes[0], plan.notes
+
+
+def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputuned.daemon import Daemon
+    from gputuned.host.control import PeerCred
+
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    add_process(
+        root, 6300, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+        start_time=63, uid=SERVER_UID,
+    )  # fmt: skip
+    prof = tmp_path / "p.toml"
+    prof.write_text(
+        'name = "t"\n[[process]]\nname = "srv"\n'
+        f"match.user = {SERVER_USER!r}\nmatch.cmdline = {AMBIGUOUS!r}\nnice = -5\n"
+    )
+    d = Daemon(Host(root), profile_path=prof)
+    d.start()
+    try:
+        notes = d._handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]
+        assert any("suspended until the profile is applied again" in n for n in notes), notes
+        assert 6300 not in d.placed
+        remove_process(root, 6300)
+        add_process(
+            root, 6301, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+            start_time=64, uid=SERVER_UID,
+        )  # fmt: skip
+        d._reapply("udev")  # the daemon's own re-plan: still suspended, not searched
+        (note,) = SEARCHES.notes()
+        assert "pid 6300" in note
+        d._apply_full("reload")  # applied again: searched again (and suspended again)
+        (note,) = SEARCHES.notes()
+        assert "pid 6301" in note
+    finally:
+        assert d.stop() == 0
