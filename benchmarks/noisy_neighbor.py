@@ -573,7 +573,10 @@ def isolated_profile(
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
     rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
-    lines = [f"include = [{json.dumps(str(profile.absolute()))}]", "", "[[process]]"]
+    # An include must lie beside the including file or below it (gputuned/profile.py): a copy.
+    base = work / f"base-{profile.name}"
+    shutil.copyfile(profile, base)
+    lines = [f"include = [{json.dumps(base.name)}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             lines.append(f"{key}.{k} = {_toml(v)}" if k else f"{key} = {_toml(v)}")

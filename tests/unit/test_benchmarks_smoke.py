@@ -131,3 +131,16 @@ def test_plain_png_and_figures(tmp_path: Path) -> None:
     summary = {"cpu": {"noisy": {"tok_s_x": nn.spread([0.5, 0.6]), "p99_x": nn.spread([3.0])}}}
     nn._plain_png(summary, tmp_path / "p.png")
     assert png_size((tmp_path / "p.png").read_bytes()) == (640, 360)
+
+
+def test_isolated_profile_loads(tmp_path: Path) -> None:
+    """The benchmarks' profile copy (one rule narrowed to the probe) is a profile gputuned
+    takes: its include lies beside it, as gputuned/profile.py demands of includes."""
+    from gputuned.profile import load_profile
+
+    nn = load()
+    out = nn.isolated_profile(REPO / "profiles" / "shared-host.toml", tmp_path, r"/probe\.py\b")
+    prof = load_profile(out)
+    assert [r.name for r in prof.process] == ["server"]
+    assert prof.process[0].match.cmdline == r"/probe\.py\b"
+    assert prof.cpuset is not None and prof.cpuset.cgroup == "gputuned.inference"
