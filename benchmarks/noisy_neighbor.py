@@ -450,6 +450,9 @@ class Gputuned:
 
         self.children, self.log, self.host = children, log, Host(Path("/"))
         self.proc: subprocess.Popen[bytes] | None = None
+        #: How the daemon is run; benchmarks/reaction.py --breakdown runs it through
+        #: benchmarks/daemon_trace.py.
+        self.launcher = [sys.executable, "-m", "gputuned.daemon"]
         check_untuned(self.host)
         # The daemon records its profile as the active one; put back what was there.
         self.saved = {p: read_optional_bytes(self.host, p) for p in (ACTIVE, STATE)}
@@ -458,7 +461,7 @@ class Gputuned:
         from gputuned.host.control import daemon_running
 
         t0 = time.monotonic()
-        argv = [sys.executable, "-m", "gputuned.daemon", "--profile", str(profile.absolute())]
+        argv = [*self.launcher, "--profile", str(profile.absolute())]
         self.proc = self.children.start(
             argv, death_signal=signal.SIGTERM, stdout=self.log, stderr=subprocess.STDOUT
         )
@@ -1106,10 +1109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # would otherwise size its work under noise.
     ap.add_argument("--cpu-steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--api-chars", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--cpu-burners", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--net-streams", type=int, default=max(1, (os.cpu_count() or 1) // 4))
-    ap.add_argument("--disk-writers", type=int, default=max(1, (os.cpu_count() or 1) // 8))
-    ap.add_argument("--disk-dir", help="where the disk noise writes (default: a temp dir)")
+    add_noise_args(ap)
     ap.add_argument("--keep-latencies", action="store_true", help="every token's latency in JSON")
     # Internal: the processes this benchmark starts run this file again in a role.
     ap.add_argument(
@@ -1141,7 +1141,26 @@ def run_role(args: argparse.Namespace) -> None:
         role_disk(args.deadline, args.disk_dir)
 
 
-def _fs_type(path: str) -> str:
+def add_noise_args(ap: argparse.ArgumentParser) -> None:
+    """How many noise processes of each part (benchmarks/reaction.py takes the same)."""
+    counts = default_noise_counts()
+    ap.add_argument("--cpu-burners", type=int, default=counts["cpu"])
+    ap.add_argument("--net-streams", type=int, default=counts["net"])
+    ap.add_argument("--disk-writers", type=int, default=counts["disk"])
+    ap.add_argument("--disk-dir", help="where the disk noise writes (default: a temp dir)")
+
+
+def default_noise_counts(cpus: int | None = None) -> dict[str, int]:
+    """A burner per CPU, a loopback stream per 4 CPUs, an fsync'd writer per 8 (at least 1)."""
+    n = cpus or os.cpu_count() or 1
+    return {"cpu": n, "net": max(1, n // 4), "disk": max(1, n // 8)}
+
+
+def noise_counts(args: argparse.Namespace) -> dict[str, int]:
+    return {"cpu": args.cpu_burners, "net": args.net_streams, "disk": args.disk_writers}
+
+
+def fs_type(path: str) -> str:
     best, fs = "", "?"
     with contextlib.suppress(OSError), Path("/proc/mounts").open() as f:
         for line in f:
@@ -1230,7 +1249,7 @@ def setup(
 ) -> dict[str, Any]:
     from gputuned.profile import load_profile
 
-    counts = {"cpu": args.cpu_burners, "net": args.net_streams, "disk": args.disk_writers}
+    counts = noise_counts(args)
     rules = {}
     for p in args.profile:
         prof = load_profile(p)
@@ -1276,7 +1295,7 @@ def setup(
             "cpus": os.cpu_count(),
             "kernel": os.uname().release,
             "disk_dir": disk_dir,
-            "disk_dir_fs": _fs_type(disk_dir),
+            "disk_dir_fs": fs_type(disk_dir),
         },
         config={
             "rounds": args.rounds,

@@ -188,8 +188,7 @@ def main() -> int:
 
     nn.check_untuned(Host(Path("/")))
     args.out.mkdir(parents=True, exist_ok=True)
-    cpus = os.cpu_count() or 1
-    counts = {"cpu": cpus, "net": max(1, cpus // 4), "disk": max(1, cpus // 8)}
+    counts = nn.default_noise_counts()
     disk_dir = tempfile.mkdtemp(prefix="variants-disk-", dir="/var/tmp")
     children = nn.Children()
     windows: list[dict[str, Any]] = []
