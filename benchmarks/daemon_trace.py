@@ -245,7 +245,14 @@ def breakdown(runs: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict
     blocked) in the slowest tenth."""
     from noisy_neighbor import percentile
 
-    got = [b for b in (per_start(r, records) for r in runs) if b is not None]
+    got = []
+    for r in runs:
+        b = per_start(r, records)
+        # Each start keeps its own two figures, so that runs can be pooled afterwards.
+        r["traced_done_ms"] = None if b is None else round(b["done_ms"], 3)
+        r["traced_exec_to_done_ms"] = None if b is None else round(b["exec_to_done_ms"], 3)
+        if b is not None:
+            got.append(b)
     if not got:
         return {"starts_traced": 0}
     got.sort(key=lambda b: b["done_ms"])

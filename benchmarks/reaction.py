@@ -404,9 +404,13 @@ def measure(
             for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir():
                 os.setpriority(os.PRIO_PROCESS, int(task.name), args.daemon_nice)
         result["daemon_nice"] = args.daemon_nice
-        if args.daemon_policy:
-            set_policy(daemon.proc.pid, args.daemon_policy, args.daemon_nice)
         result["daemon_policy"] = args.daemon_policy
+        if args.daemon_policy:
+            try:
+                set_policy(daemon.proc.pid, args.daemon_policy, args.daemon_nice)
+            except OSError as exc:  # e.g. EPERM: a cgroup without an RT budget
+                print(f"--daemon-policy {args.daemon_policy} refused: {exc}; measured without")
+                result["daemon_policy"] = f"refused: {exc}"
         argv = [sys.executable, "-S", str(probe)]
         result["rule"], want = wanted_placement(load_profile(args.profile), argv)
         cpus = sorted(want.cpus) if want.cpus is not None else None
@@ -471,7 +475,8 @@ def report(r: dict[str, Any]) -> None:
         )
     w = r["wanted"]
     print(
-        f"exec -> placed (daemon nice {r['daemon_nice']}; {r['rule']}: nice {w['nice']}, cpus "
+        f"exec -> placed (daemon nice {r['daemon_nice']}, policy {r['daemon_policy'] or 'other'}"
+        f", gputuned from {r['daemon_tree']}; {r['rule']}: nice {w['nice']}, cpus "
         f"{w['cpus']}, cgroup {w['cgroup']}); journal on {r['noise']['journal_fs']}, disk "
         f"noise on {r['noise']['disk_dir_fs']}; goal p99 <= 20 ms"
     )
