@@ -137,6 +137,19 @@ def apply_revert(profile: Path, rounds: int, out: Path) -> dict[str, Any]:
 def set_policy(pid: int, spec: str, nice: int) -> None:
     """--daemon-policy on every thread of ``pid``: an experiment from outside, as chrt(1)."""
     kind, _, value = spec.partition(":")
+    if kind.endswith("-root"):
+        # The kernel refuses a real-time policy in a cgroup whose cpu controller has no RT
+        # budget (CONFIG_RT_GROUP_SCHED; docs/profiles.md): to see what the class would give
+        # where it is allowed, the daemon is moved to the cgroup v2 root first. Not a way to run
+        # it: under systemd it belongs in its unit's cgroup.
+        kind = kind.removesuffix("-root")
+        v2 = [
+            ln.split()[1]
+            for ln in Path("/proc/mounts").read_text().splitlines()
+            if " cgroup2 " in ln
+        ]
+        if v2:
+            Path(v2[0], "cgroup.procs").write_text(f"{pid}\n")
     for task in Path(f"/proc/{pid}/task").iterdir():
         tid = int(task.name)
         if kind in ("fifo", "rr"):
@@ -145,7 +158,10 @@ def set_policy(pid: int, spec: str, nice: int) -> None:
         elif kind == "slice":
             sched_setattr_slice(tid, int(value) * 1000, nice)
         else:
-            sys.exit(f"--daemon-policy {spec}: use fifo:PRIO, rr:PRIO or slice:MICROSECONDS")
+            sys.exit(
+                f"--daemon-policy {spec}: use fifo:PRIO, rr:PRIO, fifo-root:PRIO, "
+                "rr-root:PRIO or slice:MICROSECONDS"
+            )
 
 
 def sched_setattr_slice(tid: int, slice_ns: int, nice: int) -> None:
@@ -302,7 +318,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--daemon-policy",
         help="also give the daemon's threads this scheduling class after start: fifo:PRIO, "
-        "rr:PRIO, or slice:MICROSECONDS (SCHED_OTHER with a shorter EEVDF request, Linux 6.12+)",
+        "rr:PRIO (fifo-root:PRIO, rr-root:PRIO: moved to the cgroup v2 root first, where the "
+        "kernel allows real time), or slice:MICROSECONDS (SCHED_OTHER with a shorter EEVDF "
+        "request, Linux 6.12+)",
     )
     ap.add_argument(
         "--daemon-tree",

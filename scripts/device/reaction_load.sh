@@ -9,10 +9,11 @@
 # per run, --breakdown (where each start's time goes). Two rounds of this checkout's gputuned,
 # so >= 200 starts per noise kind; with BASE_DIR (a folder holding another version's gputuned/
 # package, e.g. main's: mkdir base-main && git archive main gputuned | tar -x -C base-main)
-# each round also runs that version first, interleaved. Then one run of this checkout with the
-# daemon's threads at SCHED_FIFO 1 (set from outside, as chrt would: the kernel may refuse it,
-# then it says so and measures without), and one quiet run with apply/revert (10 rounds) and
-# 30 s of idle CPU. Each run writes OUTDIR/reaction-NAME.json; the summary pools the rounds.
+# each round also runs that version first, interleaved. Then one quiet run with apply/revert
+# (10 rounds) and 30 s of idle CPU, and two runs of this checkout with the daemon's threads at
+# SCHED_FIFO 1, set from outside as chrt would: in its own cgroup (the kernel may refuse it: a
+# cgroup without RT budget; then it says so and measures without), and moved to the cgroup v2
+# root first (what the class gives where it is allowed). Runs past 450 s are skipped. Each run writes OUTDIR/reaction-NAME.json; the summary pools the rounds.
 # A capture --stable before and after must be identical.
 set -u
 out=${1:?output directory}; base=${2:-}
@@ -39,8 +40,9 @@ for r in 1 2; do
   fi
   react "this-$r" "${quick[@]}"
 done
-react "this-fifo" "${quick[@]}" --daemon-policy fifo:1
 react "this-checks" --idle-seconds 30 --apply-rounds 10 --starts 100 --noise none
+react "this-fifo" "${quick[@]}" --daemon-policy fifo:1
+react "this-fifo-root" "${quick[@]}" --daemon-policy fifo-root:1
 python3 - "$out" <<'PY'
 import glob, json, os, sys
 from collections import defaultdict
