@@ -20,8 +20,8 @@ benchmarks/reaction.py --daemon-tree can compare two versions on one host. Each 
   the thread did in it: ``cpu`` (on a CPU), ``rq`` (runnable, waiting for one) and the rest,
   ``blocked`` (asleep in the kernel: I/O, a lock, an RCU grace period). Steps: ``plan``
   (reading /proc for the new process), ``journal: read old`` (reading the values to save),
-  ``check: held already``, ``journal: fsync`` (the one append + fsync before a placement's
-  writes), ``write: KIND`` (the identity check and the system call; KIND: proc_cgroup =
+  ``check: held already``, ``journal: append+fsync`` (the one append before a placement's
+  writes, and its fsync where there is one), ``write: KIND`` (the identity check and the system call; KIND: proc_cgroup =
   cgroup.procs, affinity, nice, policy) and ``read-back: KIND``, ``forget exited`` and
   ``journal: compact``; ``handler: other`` is the rest of the handler (reading the socket);
 - ``pids`` placed (empty for a batch that placed nothing) and ``writes``.
@@ -177,7 +177,7 @@ def install(tracer: Tracer) -> None:
     apply_mod._commit = tracer.wrap(
         lambda _h, _j, op, *_: f"read-back: {op.kind}", apply_mod._commit
     )
-    Journal.flush = tracer.wrap("journal: fsync", Journal.flush)  # type: ignore[method-assign]
+    Journal.flush = tracer.wrap("journal: append+fsync", Journal.flush)  # type: ignore[method-assign]
     Journal.compact = tracer.wrap("journal: compact", Journal.compact)  # type: ignore[method-assign]
     written = apply_mod._Writer.written
 

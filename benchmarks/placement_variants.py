@@ -89,6 +89,7 @@ class Variants:
         b.measure("clean")
         noise = nn.Noise(self.children, kind, counts, disk_dir)
         noise.start(self.n_windows() * (self.args.window + self.args.warmup + settle + 2) + 60)
+        b.noise = noise
         try:
             time.sleep(settle)
             b.measure("noisy")
@@ -104,6 +105,7 @@ class Variants:
                 finally:
                     gputunectl("revert")
         finally:
+            b.noise = None
             noise.stop()
         time.sleep(settle)
         b.measure("clean-again")
