@@ -33,14 +33,15 @@ react() {  # react NAME ARGS...: one benchmarks/reaction.py run, bounded in time
     --daemon-nice -10 --breakdown --json "$out/reaction-$name.json" "$@" 2>&1 | tail -40
   echo "reaction $name exit ${PIPESTATUS[0]}"
 }
-quick=(--idle-seconds 0 --apply-rounds 0 --starts 100 --noise none,heavy --blocks 2)
+n=${STARTS:-100}  # starts per noise kind and run (STARTS=10 for a try-out)
+quick=(--idle-seconds 0 --apply-rounds 0 --starts "$n" --noise none,heavy --blocks 2)
 for r in 1 2; do
   if [ -n "$base" ] && [ -d "$base/gputuned" ]; then
     react "base-$r" "${quick[@]}" --daemon-tree "$base"
   fi
   react "this-$r" "${quick[@]}"
 done
-react "this-checks" --idle-seconds 30 --apply-rounds 10 --starts 100 --noise none
+react "this-checks" --idle-seconds 30 --apply-rounds 10 --starts "$n" --noise none
 react "this-fifo" "${quick[@]}" --daemon-policy fifo:1
 react "this-fifo-root" "${quick[@]}" --daemon-policy fifo-root:1
 python3 - "$out" <<'PY'
