@@ -18,11 +18,7 @@
 set -u
 out=${1:?output directory}; base=${2:-}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-ctl() { python3 -m gputuned.cli "$@"; }
-nproc; uname -r; nvidia-smi -L 2>/dev/null | head -2
+source scripts/device/common.sh
 findmnt -no FSTYPE,OPTIONS -T /run; findmnt -no FSTYPE,OPTIONS -T /tmp
 rm -rf /tmp/cap-before /tmp/cap-after; ctl capture --stable /tmp/cap-before >/dev/null 2>&1
 react() {  # react NAME ARGS...: one benchmarks/reaction.py run, bounded in time
