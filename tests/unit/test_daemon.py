@@ -438,3 +438,53 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         assert d.running
     d.stop()
     assert digest(root) == before
+
+
+def _realtime_profile(tmp_path: Path, priority: int) -> Path:
+    p = profile_file(tmp_path)
+    p.write_text(p.read_text() + f"\n[daemon]\nrealtime_priority = {priority}\n")
+    return p
+
+
+def test_realtime_priority_is_fifo_for_the_event_thread_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[daemon] realtime_priority: SCHED_FIFO for the calling (event) thread, with
+    SCHED_RESET_ON_FORK so that what it starts is SCHED_OTHER; on a tree, no system call."""
+    calls: list[tuple[int, int, int]] = []
+
+    def setscheduler(pid: int, policy: int, param: os.sched_param) -> None:
+        calls.append((pid, policy, param.sched_priority))
+
+    monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(Host(root), profile_path=_realtime_profile(tmp_path, 1))
+    d.start()
+    assert calls == [], "a tree is not the machine: the daemon's own policy is left alone"
+    d._realtime(1)
+    assert calls == [(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 1)]
+    assert d.stop() == 0
+
+
+def test_realtime_priority_refused_says_why_and_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def refuse(pid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(Host(root), profile_path=_realtime_profile(tmp_path, 1))
+    d._realtime(1)
+    assert len(d.setup_notes) == 1 and d.setup_notes[0].startswith("realtime_priority refused")
+    assert "RT budget" in d.setup_notes[0] or "CAP_SYS_NICE" in d.setup_notes[0]
+
+
+@pytest.mark.parametrize("priority", [-1, 11])
+def test_realtime_priority_bounds(tmp_path: Path, priority: int) -> None:
+    from gputuned.errors import GputunedError
+
+    with pytest.raises(GputunedError, match="realtime_priority"):
+        load_profile(_realtime_profile(tmp_path, priority))
