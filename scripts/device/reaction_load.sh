@@ -10,10 +10,11 @@
 # so >= 200 starts per noise kind; with BASE_DIR (a folder holding another version's gputuned/
 # package, e.g. main's: mkdir base-main && git archive main gputuned | tar -x -C base-main)
 # each round also runs that version first, interleaved. Then one quiet run with apply/revert
-# (10 rounds) and 30 s of idle CPU, and two runs of this checkout with the daemon's threads at
-# SCHED_FIFO 1, set from outside as chrt would: in its own cgroup (the kernel may refuse it: a
-# cgroup without RT budget; then it says so and measures without), and moved to the cgroup v2
-# root first (what the class gives where it is allowed). Runs past 450 s are skipped. Each run writes OUTDIR/reaction-NAME.json; the summary pools the rounds.
+# (10 rounds) and 30 s of idle CPU, and two runs of this checkout at SCHED_FIFO 1: the profile
+# with [daemon] realtime_priority = 1 (the daemon sets it for its event thread; the kernel may
+# refuse it in a cgroup without RT budget: its log says so and it runs on), and set from outside
+# after moving the daemon to the cgroup v2 root (what the class gives where it is allowed).
+# Runs past 450 s are skipped. Each run writes OUTDIR/reaction-NAME.json; the summary pools the rounds.
 # A capture --stable before and after must be identical.
 set -u
 out=${1:?output directory}; base=${2:-}
@@ -38,7 +39,8 @@ for r in 1 2; do
   react "this-$r" "${quick[@]}"
 done
 react "this-checks" --idle-seconds 30 --apply-rounds 10 --starts "$n" --noise none
-react "this-fifo" "${quick[@]}" --daemon-policy fifo:1
+{ cat profiles/shared-host.toml; printf '\n[daemon]\nrealtime_priority = 1\n'; } >/tmp/rt.toml
+react "this-rt" "${quick[@]}" --profile /tmp/rt.toml
 react "this-fifo-root" "${quick[@]}" --daemon-policy fifo-root:1
 python3 - "$out" <<'PY'
 import glob, json, os, sys
@@ -69,6 +71,11 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "reaction-*.json"))):
               f" revert median {ar['revert']['median_ms']} ms")
     if "idle" in doc:
         print(f"{name}: idle {doc['idle']['percent_of_one_cpu_schedstat']} % of a CPU")
+    log = doc.get("daemon_log")
+    if log and os.path.exists(log):
+        for line in open(log, errors="replace"):
+            if "realtime" in line or "SCHED_FIFO" in line:
+                print(f"{name}: daemon log: {line.strip()}")
     print(f"{name}: host as before: {not doc.get('host_differences')}, "
           f"left: {doc.get('leftover_pids')}")
 print("\nexec -> placed, pooled over rounds (ms): from just before Popen | from the exec event")
