@@ -29,10 +29,9 @@ from gputuned.host.state import (
     read_optional_bytes,
     replace_durable,
 )
-from gputuned.journal import Journal
+from gputuned.journal import PROCESS_KINDS, Journal
 from gputuned.profile import Profile
 from gputuned.revert import (
-    PROCESS_KINDS,
     RevertReport,
     forget_process,
     restore,

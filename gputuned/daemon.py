@@ -55,7 +55,7 @@ from gputuned.daemon_config import Config as DaemonConfig
 from gputuned.engine import plan_processes, plan_profile, read_context
 from gputuned.host import (
     Host,
-    procctl,  # noqa: F401  (loaded now, not at the first placement)
+    procctl,  # loaded now, not at the first placement
 )
 from gputuned.host.control import ControlServer, PeerCred
 from gputuned.host.httpmetrics import MetricsServer
@@ -171,6 +171,8 @@ class Daemon:
         self.control.attach(self.loop)
         if cfg.metrics_port is not None:
             self._set_up_metrics(cfg)
+        if cfg.realtime_priority and self.host.live:
+            self._realtime(cfg.realtime_priority)
         self.watcher = open_watcher(self.host, poll_interval=1.0)
         if self.watcher.fileno() >= 0:
             # Priority: process events are taken before scrapes and control requests.
@@ -180,6 +182,20 @@ class Daemon:
         self.udev = open_monitor(self.host)
         if self.udev is not None:
             self.loop.add_reader(self.udev.fileno(), lambda _fd: self._on_udev(), priority=-5)
+
+    def _realtime(self, priority: int) -> None:
+        """[daemon] realtime_priority: this (event) thread at SCHED_FIFO, so that a placement
+        does not wait for a CPU behind the neighbours after each wakeup (issue 20)."""
+        try:
+            procctl.set_own_realtime(priority)
+        except errors.GputunedError as exc:
+            # Placing still works, only slower on a busy host: say why and run on.
+            log.warning(
+                "daemon: realtime_priority %d refused, staying SCHED_OTHER: %s", priority, exc
+            )
+            self.setup_notes.append(f"realtime_priority refused: {exc}")
+        else:
+            log.info("daemon: event thread at SCHED_FIFO %d", priority)
 
     def _set_up_metrics(self, cfg: DaemonConfig) -> None:
         from gputuned.metrics import daemon_metrics

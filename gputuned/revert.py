@@ -36,12 +36,11 @@ from gputuned.host.proc import iter_processes, read_identity, read_process
 from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.state import ACTIVE, STATE, HostLock, remove
 from gputuned.host.system import read_cgroup_layout
-from gputuned.journal import Entry, Journal
+from gputuned.journal import PROCESS_KINDS, Entry, Journal
 from gputuned.tuners.process import DEFAULT_AFFINITY
 
 log = logging.getLogger(__name__)
 
-PROCESS_KINDS = ("nice", "affinity", "policy", "proc_cgroup")
 THREAD_KINDS = ("nice", "affinity", "policy")
 #: How far up the parent chain a process left in gputuned's cgroup is traced to a placed one.
 _MAX_DEPTH = 64

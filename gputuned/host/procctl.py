@@ -126,6 +126,19 @@ def set_scheduler(host: Host, pid: int, tid: int, policy: str, priority: int) ->
     _edit_stat(host, pid, tid, {_POLICY: number, _RT_PRIORITY: priority})
 
 
+def set_own_realtime(priority: int) -> None:
+    """SCHED_FIFO at ``priority`` for the calling thread (the daemon's event thread), with
+    SCHED_RESET_ON_FORK: a thread or process it starts begins at SCHED_OTHER (sched(7))."""
+    check_scheduler("fifo", priority)
+    param = os.sched_param(priority)
+    policy = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+    _syscall(
+        lambda: os.sched_setscheduler(0, policy, param),
+        "/proc/thread-self:scheduler",
+        policy="fifo",
+    )
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
