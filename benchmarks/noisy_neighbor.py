@@ -138,13 +138,33 @@ class Children:
 # ---- noise: each generator a process of its own, bounded in time ----------------------------
 
 
-def role_cpu(deadline: float) -> None:
+class WorkCounter:
+    """The work a noise process did (iterations, bytes sent, bytes fsync'd): a 64-bit count in
+    a shared-memory file that the process adds to and the benchmark reads (issue 20, item 3)."""
+
+    def __init__(self, path: str | None) -> None:
+        import mmap
+
+        self.map = None
+        if path:
+            with open(path, "r+b") as f:  # noqa: PTH123
+                self.map = mmap.mmap(f.fileno(), 8)
+        self.n = 0
+
+    def add(self, n: int) -> None:
+        self.n += n
+        if self.map is not None:
+            self.map[:8] = self.n.to_bytes(8, "little")
+
+
+def role_cpu(deadline: float, work: WorkCounter) -> None:
     while time.time() < deadline:
         for _ in range(200_000):
             pass
+        work.add(200_000)
 
 
-def role_net(deadline: float) -> None:
+def role_net(deadline: float, work: WorkCounter) -> None:
     """One loopback TCP stream, sender and receiver in this process (127.0.0.1 only)."""
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -160,10 +180,11 @@ def role_net(deadline: float) -> None:
     chunk = b"n" * 65536
     while time.time() < deadline:
         cli.sendall(chunk)
+        work.add(len(chunk))
     cli.close()
 
 
-def role_disk(deadline: float, directory: str) -> None:
+def role_disk(deadline: float, directory: str, work: WorkCounter) -> None:
     """1 MiB writes, each followed by fsync, over a 64 MiB file in ``directory``."""
     path = Path(directory) / f"noise-{os.getpid()}.bin"
     block = os.urandom(1 << 20)
@@ -171,6 +192,7 @@ def role_disk(deadline: float, directory: str) -> None:
         while time.time() < deadline:
             f.write(block)
             os.fsync(f.fileno())
+            work.add(len(block))
             if f.tell() >= 64 << 20:
                 f.seek(0)
     path.unlink()
@@ -182,20 +204,37 @@ class Noise:
     def __init__(self, children: Children, kind: str, counts: dict[str, int], disk_dir: str):
         self.children, self.kind, self.counts, self.disk_dir = children, kind, counts, disk_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.work_dir = ""
 
     def start(self, seconds: float) -> None:
         deadline = time.time() + seconds  # bounded even if nobody stops it
+        # Counters are mmap'd: updates stay in the page cache (8 bytes a process, no I/O of note).
+        self.work_dir = tempfile.mkdtemp(prefix="nn-work-")
         for part in NOISE_PARTS[self.kind]:
-            for _ in range(self.counts[part]):
+            for i in range(self.counts[part]):
+                counter = os.path.join(self.work_dir, f"{part}-{i}")  # noqa: PTH118
+                Path(counter).write_bytes(bytes(8))
                 argv = [sys.executable, __file__, "--role", part, "--deadline", f"{deadline:.0f}"]
+                argv += ["--counter", counter]
                 if part == "disk":
                     argv += ["--disk-dir", self.disk_dir]
                 self.procs.append(self.children.start(argv, stdin=subprocess.DEVNULL))
+
+    def work(self) -> dict[str, int]:
+        """The work done so far per part: burner iterations, bytes sent, bytes fsync'd."""
+        out = dict.fromkeys(NOISE_PARTS[self.kind], 0)
+        for f in Path(self.work_dir).iterdir() if self.work_dir else ():
+            part = f.name.split("-")[0]
+            out[part] += int.from_bytes(f.read_bytes()[:8], "little")
+        return out
 
     def stop(self) -> None:
         for p in self.procs:
             self.children.stop(p, wait=3.0)
         self.procs = []
+        if self.work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.work_dir = ""
 
 
 # ---- the worker: decodes on request, measures itself ----------------------------------------
@@ -450,6 +489,9 @@ class Gputuned:
 
         self.children, self.log, self.host = children, log, LiveKernel()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: How the daemon is run; benchmarks/reaction.py --breakdown runs it through
+        #: benchmarks/daemon_trace.py.
+        self.launcher = [sys.executable, "-m", "gputuned.daemon"]
         check_untuned(self.host)
         # The daemon records its profile as the active one; put back what was there.
         self.saved = {p: read_optional_bytes(self.host, p) for p in (ACTIVE, STATE)}
@@ -458,7 +500,7 @@ class Gputuned:
         from gputuned.service.control import daemon_running
 
         t0 = time.monotonic()
-        argv = [sys.executable, "-m", "gputuned.daemon", "--profile", str(profile.absolute())]
+        argv = [*self.launcher, "--profile", str(profile.absolute())]
         self.proc = self.children.start(
             argv, death_signal=signal.SIGTERM, stdout=self.log, stderr=subprocess.STDOUT
         )
@@ -646,6 +688,19 @@ def add_ratios(block: list[dict[str, Any]]) -> None:
         ref = statistics.fmean(w[key] for w in clean)
         for w in block:
             w[name] = w[key] / ref if ref else float("nan")
+    # The neighbours' bill (issue 20, item 3): against the block's untuned noisy window, what
+    # the server gained and what each kind of neighbour lost (1 - work / untuned work).
+    noisy = next((w for w in block if w["condition"] == "noisy"), None)
+    if noisy is None or "neighbour_work_per_s" not in noisy:
+        return
+    base = noisy["neighbour_work_per_s"]
+    for w in block:
+        if "neighbour_work_per_s" in w:
+            w["server_gain"] = w["tok_s"] / noisy["tok_s"] - 1 if noisy["tok_s"] else float("nan")
+            w["neighbour_loss"] = {
+                p: 1 - v / base[p] if base.get(p) else float("nan")
+                for p, v in w["neighbour_work_per_s"].items()
+            }
 
 
 def spread(xs: list[float]) -> dict[str, float]:
@@ -680,6 +735,10 @@ def summarize(windows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "vol_cs_per_1k",
         ):
             cond.setdefault(key, []).append(w[key])
+        if "neighbour_loss" in w:
+            cond.setdefault("server_gain", []).append(w["server_gain"])
+            for part, loss in w["neighbour_loss"].items():
+                cond.setdefault(f"neighbour_loss_{part}", []).append(loss)
     summary = {
         noise: {c: {k: spread(v) for k, v in vals.items()} for c, vals in conds.items()}
         for noise, conds in out.items()
@@ -711,6 +770,19 @@ def table(summary: dict[str, Any], header: str) -> str:
                 f"{s['runq_ms_per_token']['median']:11.3f} "
                 f"{s['invol_cs_per_1k']['median']:12.1f} {s['tok_s']['median']:8.1f}"
             )
+    for noise, conds in summary.items():
+        for cond, s in conds.items():
+            if "server_gain" in s and cond != "noisy":
+                losses = ", ".join(
+                    f"{k.removeprefix('neighbour_loss_')} {v['median']:+.1%}"
+                    for k, v in s.items()
+                    if k.startswith("neighbour_loss_")
+                )
+                lines.append(
+                    f"neighbours' bill, {cond} under {noise}: server tok/s "
+                    f"{s['server_gain']['median']:+.1%} against untuned; neighbours lose "
+                    f"{losses} of their untuned work (median over rounds)"
+                )
     for noise, conds in summary.items():
         for cond, s in conds.items():
             if cond.startswith("tuned"):
@@ -831,6 +903,7 @@ class Block:
         self.ctx, self.noise_kind, self.rnd = ctx, noise_kind, rnd
         self.args, self.worker = ctx["args"], ctx["worker"]
         self.windows: list[dict[str, Any]] = []
+        self.noise: Noise | None = None  # running: each window also measures its work
 
     def run(self) -> list[dict[str, Any]]:
         args, gputuned = self.args, self.ctx["gputuned"]
@@ -843,6 +916,7 @@ class Block:
         # A daemon-first window starts a server of its own: its start-up (model, CUDA) too.
         extra = 120 + 90 * len(args.profile) * orders.count("daemon-first")
         noise.start(noisy_windows * (args.window + args.warmup + args.settle) + extra)
+        self.noise = noise
         try:
             time.sleep(args.settle)
             self.measure("noisy")
@@ -853,6 +927,7 @@ class Block:
                 time.sleep(args.settle)
                 self.measure("reverted")
         finally:
+            self.noise = None
             noise.stop()
         time.sleep(args.settle)
         self.measure("clean-again")
@@ -863,10 +938,14 @@ class Block:
         worker = worker or self.worker
         cpus = _allowed_cpus(worker.pids[-1] if self.args.shape == "server" else worker.pid)
         s0, t0 = steal_ticks(), time.monotonic()
+        n0 = self.noise.work() if self.noise else {}
         res = worker.window(self.args.window, self.args.warmup)
+        n1 = self.noise.work() if self.noise else {}
         s1, secs = steal_ticks(), time.monotonic() - t0
         w = {"round": self.rnd, "noise": self.noise_kind, "condition": cond}
         w.update(window_figures(res), **extra)
+        if n1:  # the neighbours' work in this window, per second (warm-up included)
+            w["neighbour_work_per_s"] = {p: (n1[p] - n0[p]) / secs for p in n1}
         # Time the hypervisor ran something else on this VM's CPUs (/proc/stat "steal"), in ms
         # per second per CPU: on the worker's CPUs, and on all.
         tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
@@ -1105,16 +1184,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # would otherwise size its work under noise.
     ap.add_argument("--cpu-steps", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--api-chars", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--cpu-burners", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--net-streams", type=int, default=max(1, (os.cpu_count() or 1) // 4))
-    ap.add_argument("--disk-writers", type=int, default=max(1, (os.cpu_count() or 1) // 8))
-    ap.add_argument("--disk-dir", help="where the disk noise writes (default: a temp dir)")
+    add_noise_args(ap)
     ap.add_argument("--keep-latencies", action="store_true", help="every token's latency in JSON")
     # Internal: the processes this benchmark starts run this file again in a role.
     ap.add_argument(
         "--role", choices=("worker", "api", "cpu", "net", "disk"), help=argparse.SUPPRESS
     )
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--counter", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role is None and args.out is None:
         ap.error("--out DIR is required")
@@ -1133,14 +1210,33 @@ def run_role(args: argparse.Namespace) -> None:
 
         role_api(args)
     elif args.role == "cpu":
-        role_cpu(args.deadline)
+        role_cpu(args.deadline, WorkCounter(args.counter))
     elif args.role == "net":
-        role_net(args.deadline)
+        role_net(args.deadline, WorkCounter(args.counter))
     else:
-        role_disk(args.deadline, args.disk_dir)
+        role_disk(args.deadline, args.disk_dir, WorkCounter(args.counter))
 
 
-def _fs_type(path: str) -> str:
+def add_noise_args(ap: argparse.ArgumentParser) -> None:
+    """How many noise processes of each part (benchmarks/reaction.py takes the same)."""
+    counts = default_noise_counts()
+    ap.add_argument("--cpu-burners", type=int, default=counts["cpu"])
+    ap.add_argument("--net-streams", type=int, default=counts["net"])
+    ap.add_argument("--disk-writers", type=int, default=counts["disk"])
+    ap.add_argument("--disk-dir", help="where the disk noise writes (default: a temp dir)")
+
+
+def default_noise_counts(cpus: int | None = None) -> dict[str, int]:
+    """A burner per CPU, a loopback stream per 4 CPUs, an fsync'd writer per 8 (at least 1)."""
+    n = cpus or os.cpu_count() or 1
+    return {"cpu": n, "net": max(1, n // 4), "disk": max(1, n // 8)}
+
+
+def noise_counts(args: argparse.Namespace) -> dict[str, int]:
+    return {"cpu": args.cpu_burners, "net": args.net_streams, "disk": args.disk_writers}
+
+
+def fs_type(path: str) -> str:
     best, fs = "", "?"
     with contextlib.suppress(OSError), Path("/proc/mounts").open() as f:
         for line in f:
@@ -1229,7 +1325,7 @@ def setup(
 ) -> dict[str, Any]:
     from gputuned.profile.load import load_profile
 
-    counts = {"cpu": args.cpu_burners, "net": args.net_streams, "disk": args.disk_writers}
+    counts = noise_counts(args)
     rules = {}
     for p in args.profile:
         prof = load_profile(p)
@@ -1275,7 +1371,7 @@ def setup(
             "cpus": os.cpu_count(),
             "kernel": os.uname().release,
             "disk_dir": disk_dir,
-            "disk_dir_fs": _fs_type(disk_dir),
+            "disk_dir_fs": fs_type(disk_dir),
         },
         config={
             "rounds": args.rounds,

@@ -89,6 +89,7 @@ class Variants:
         b.measure("clean")
         noise = nn.Noise(self.children, kind, counts, disk_dir)
         noise.start(self.n_windows() * (self.args.window + self.args.warmup + settle + 2) + 60)
+        b.noise = noise
         try:
             time.sleep(settle)
             b.measure("noisy")
@@ -104,6 +105,7 @@ class Variants:
                 finally:
                     gputunectl("revert")
         finally:
+            b.noise = None
             noise.stop()
         time.sleep(settle)
         b.measure("clean-again")
@@ -188,8 +190,7 @@ def main() -> int:
 
     nn.check_untuned(LiveKernel())
     args.out.mkdir(parents=True, exist_ok=True)
-    cpus = os.cpu_count() or 1
-    counts = {"cpu": cpus, "net": max(1, cpus // 4), "disk": max(1, cpus // 8)}
+    counts = nn.default_noise_counts()
     disk_dir = tempfile.mkdtemp(prefix="variants-disk-", dir="/var/tmp")
     children = nn.Children()
     windows: list[dict[str, Any]] = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -38,13 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import daemon_trace
 from noisy_neighbor import (
+    NOISE_PARTS,
     REPO,
     Children,
     Gputuned,
+    Noise,
+    add_noise_args,
     fingerprint,
     fingerprint_diff,
+    fs_type,
     isolated_profile,
+    noise_counts,
     percentile,
 )
 
@@ -127,6 +134,53 @@ def apply_revert(profile: Path, rounds: int, out: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
+def set_policy(pid: int, spec: str, nice: int) -> None:
+    """--daemon-policy on every thread of ``pid``: an experiment from outside, as chrt(1)."""
+    kind, _, value = spec.partition(":")
+    if kind.endswith("-root"):
+        # The kernel refuses a real-time policy in a cgroup whose cpu controller has no RT
+        # budget (CONFIG_RT_GROUP_SCHED; docs/profiles.md): to see what the class would give
+        # where it is allowed, the daemon is moved to the cgroup v2 root first. Not a way to run
+        # it: under systemd it belongs in its unit's cgroup.
+        kind = kind.removesuffix("-root")
+        v2 = [
+            ln.split()[1]
+            for ln in Path("/proc/mounts").read_text().splitlines()
+            if " cgroup2 " in ln
+        ]
+        if v2:
+            Path(v2[0], "cgroup.procs").write_text(f"{pid}\n")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        tid = int(task.name)
+        if kind in ("fifo", "rr"):
+            pol = os.SCHED_FIFO if kind == "fifo" else os.SCHED_RR
+            os.sched_setscheduler(tid, pol, os.sched_param(int(value)))
+        elif kind == "slice":
+            sched_setattr_slice(tid, int(value) * 1000, nice)
+        else:
+            sys.exit(
+                f"--daemon-policy {spec}: use fifo:PRIO, rr:PRIO, fifo-root:PRIO, "
+                "rr-root:PRIO or slice:MICROSECONDS"
+            )
+
+
+def sched_setattr_slice(tid: int, slice_ns: int, nice: int) -> None:
+    """SCHED_OTHER at ``nice`` with an EEVDF request (slice) of ``slice_ns``: struct sched_attr
+    (include/uapi/linux/sched/types.h, SCHED_ATTR_SIZE_VER0), sched_runtime taken as the slice
+    for fair tasks since Linux 6.12 (clamped to 0.1-100 ms, kernel/sched/syscalls.c)."""
+    import ctypes
+    import platform
+    import struct
+
+    nr = {"x86_64": 314, "aarch64": 274}[platform.machine()]
+    attr = struct.pack("=IIQiIQQQ", 48, 0, 0, nice, 0, slice_ns, 0, 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    if libc.syscall(nr, tid, buf, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sched_setattr({tid}): {os.strerror(err)}")
+
+
 def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
     host = LiveKernel()
     forks0 = _forks(host)
@@ -158,7 +212,8 @@ def _forks(host: Kernel) -> int:
 
 def one_start(children: Children, argv: list[str], want: Wanted) -> dict[str, Any]:
     host = LiveKernel()
-    t0 = time.monotonic()
+    t0_ns = time.monotonic_ns()
+    t0 = t0_ns / 1e9
     proc = children.start(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     t_exec = time.monotonic()
     placed_at = None
@@ -182,6 +237,10 @@ def one_start(children: Children, argv: list[str], want: Wanted) -> dict[str, An
         children.stop(proc, sig=signal.SIGKILL)
     t_first = float(line[0]) if line else None
     return {
+        "pid": proc.pid,
+        # CLOCK_MONOTONIC ns, the daemon's trace clock: which of its placements were this one's.
+        "t0_ns": t0_ns,
+        "stopped_ns": time.monotonic_ns(),
         "ms": None if placed_at is None else (placed_at - t0) * 1e3,
         # From Popen's return (the exec has happened by then); 0 if placed before it returned.
         "after_exec_ms": None if placed_at is None else max(0.0, placed_at - t_exec) * 1e3,
@@ -203,25 +262,24 @@ def _seen_placed(line: list[str], want: Wanted) -> bool:
     )
 
 
-def starts(children: Children, probe: Path, n: int, want: Wanted) -> dict[str, Any]:
+def starts(children: Children, probe: Path, n: int, want: Wanted) -> list[dict[str, Any]]:
     argv = [sys.executable, "-S", str(probe)]
     runs = []
     for _ in range(n):
         runs.append(one_start(children, argv, want))
         time.sleep(0.05)  # the exit is an event too: let the daemon forget it first
+    return runs
+
+
+def summarize_starts(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(runs)
     ms = [r["ms"] for r in runs if r["ms"] is not None]
     firsts = [r["python_first_line_ms"] for r in runs if r["python_first_line_ms"] is not None]
     return {
         "starts": n,
         "placed": len(ms),
         "not_placed_within_2s": n - len(ms),
-        "ms": {
-            "p50": round(percentile(ms, 50), 3),
-            "p90": round(percentile(ms, 90), 3),
-            "p99": round(percentile(ms, 99), 3),
-            "max": round(max(ms), 3) if ms else None,
-            "mean": round(statistics.fmean(ms), 3) if ms else None,
-        },
+        "ms": quantiles(ms),
         "after_exec_ms": {
             q: round(percentile([r["after_exec_ms"] for r in runs if r["ms"] is not None], n), 3)
             for q, n in (("p50", 50), ("p99", 99))
@@ -231,6 +289,16 @@ def starts(children: Children, probe: Path, n: int, want: Wanted) -> dict[str, A
         "placed_before_first_python_line": sum(r["placed_at_first_line"] for r in runs),
         "all_threads_placed": sum(r["all_threads_placed"] for r in runs),
         "runs": runs,
+    }
+
+
+def quantiles(xs: list[float]) -> dict[str, float | None]:
+    return {
+        "p50": round(percentile(xs, 50), 3),
+        "p90": round(percentile(xs, 90), 3),
+        "p99": round(percentile(xs, 99), 3),
+        "max": round(max(xs), 3) if xs else None,
+        "mean": round(statistics.fmean(xs), 3) if xs else None,
     }
 
 
@@ -248,12 +316,51 @@ def parse_args() -> argparse.Namespace:
         help="renice the daemon's threads to this after start (as systemd's Nice= would)",
     )
     ap.add_argument(
+        "--daemon-policy",
+        help="also give the daemon's threads this scheduling class after start: fifo:PRIO, "
+        "rr:PRIO (fifo-root:PRIO, rr-root:PRIO: moved to the cgroup v2 root first, where the "
+        "kernel allows real time), or slice:MICROSECONDS (SCHED_OTHER with a shorter EEVDF "
+        "request, Linux 6.12+)",
+    )
+    ap.add_argument(
+        "--daemon-tree",
+        type=Path,
+        help="run the daemon from the gputuned package in this folder (a copy of another "
+        "version, to compare) instead of this checkout's",
+    )
+    ap.add_argument(
         "--profile-rules",
         action="store_true",
         help="match the probe by the profile's own rules (it is named vllm-probe.py) instead "
         "of a copy of its first rule that matches nothing but the probe",
     )
-    return ap.parse_args()
+    ap.add_argument(
+        "--noise",
+        default="none",
+        help="noise while the starts run, comma-separated: none, cpu, net, disk, heavy (the "
+        "generators of noisy_neighbor.py); --starts starts under each",
+    )
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=2,
+        help="with several --noise kinds: each kind's starts in this many blocks, the kinds "
+        "taking turns, so that a drifting host weighs on all alike",
+    )
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds after noise starts")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="run the daemon through benchmarks/daemon_trace.py and say where each start's "
+        "time went (fork+exec, event receipt, the daemon's wakeup, each step of a placement)",
+    )
+    add_noise_args(ap)
+    args = ap.parse_args()
+    args.kinds = [k.strip() for k in args.noise.split(",") if k.strip()]
+    bad = [k for k in args.kinds if k != "none" and k not in NOISE_PARTS]
+    if bad or not args.kinds:
+        ap.error(f"--noise: unknown kind(s) {bad}; use none, {', '.join(NOISE_PARTS)}")
+    return args
 
 
 def main() -> int:
@@ -267,34 +374,70 @@ def main() -> int:
     # The shipped rule matches a vLLM-like command line, as it would the real server's.
     probe = work / ("vllm-probe.py" if args.profile_rules else PROBE_NAME)
     probe.write_text(PROBE)
-    with (work / "daemon.log").open("wb") as log:
-        measure(args, probe, log, result)
+    disk_dir = tempfile.mkdtemp(prefix="reaction-disk-", dir=args.disk_dir)
+    try:
+        with (work / "daemon.log").open("wb") as log:
+            measure(args, probe, log, result, disk_dir)
+    finally:
+        shutil.rmtree(disk_dir, ignore_errors=True)
     result["daemon_log"] = str(work / "daemon.log")
+    if args.breakdown:
+        trace = work / "trace.jsonl"
+        result["trace"] = str(trace)
+        records = daemon_trace.load(trace)
+        for ex in result["exec_to_placed"].values():
+            ex["breakdown"] = daemon_trace.breakdown(ex["runs"], records)
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0 if not result["leftover_pids"] and not result["host_differences"] else 1
 
 
-def measure(args: argparse.Namespace, probe: Path, log: Any, result: dict[str, Any]) -> None:
+def measure(
+    args: argparse.Namespace, probe: Path, log: Any, result: dict[str, Any], disk_dir: str
+) -> None:
     children = Children()
     daemon = Gputuned(children, log)  # checks: root, no daemon, nothing applied
+    daemon.launcher = [sys.executable, str(REPO / "benchmarks" / "daemon_trace.py")]
+    if args.breakdown:
+        daemon.launcher += ["--trace", str(probe.parent / "trace.jsonl")]
+    if args.daemon_tree:
+        daemon.launcher += ["--tree", str(args.daemon_tree)]
+    result["daemon_tree"] = str(args.daemon_tree or REPO)
     before = fingerprint(os.getpid())
+    counts = noise_counts(args)
+    result["noise"] = {
+        "kinds": args.kinds,
+        "processes": {k: {p: counts[p] for p in NOISE_PARTS.get(k, ())} for k in args.kinds},
+        "disk_dir_fs": fs_type(disk_dir),
+        "journal_fs": fs_type("/run/gputuned"),
+        "cpus": os.cpu_count(),
+    }
     try:
-        result["apply_revert"] = apply_revert(args.profile, args.apply_rounds, probe.parent)
+        if args.apply_rounds:
+            result["apply_revert"] = apply_revert(args.profile, args.apply_rounds, probe.parent)
         result["daemon_start_s"] = round(daemon.start(args.profile), 3)
         assert daemon.proc is not None
         if args.daemon_nice:
             for task in Path(f"/proc/{daemon.proc.pid}/task").iterdir():
                 os.setpriority(os.PRIO_PROCESS, int(task.name), args.daemon_nice)
         result["daemon_nice"] = args.daemon_nice
+        result["daemon_policy"] = args.daemon_policy
+        if args.daemon_policy:
+            try:
+                set_policy(daemon.proc.pid, args.daemon_policy, args.daemon_nice)
+            except OSError as exc:  # e.g. EPERM: a cgroup without an RT budget
+                print(f"--daemon-policy {args.daemon_policy} refused: {exc}; measured without")
+                result["daemon_policy"] = f"refused: {exc}"
         argv = [sys.executable, "-S", str(probe)]
         result["rule"], want = wanted_placement(load_profile(args.profile), argv)
         cpus = sorted(want.cpus) if want.cpus is not None else None
         result["wanted"] = {"nice": want.nice, "cpus": cpus, "cgroup": want.cgroup}
         time.sleep(3.0)  # the start-up apply and verify are done
-        result["idle"] = idle_cpu(daemon.proc.pid, args.idle_seconds)
-        result["exec_to_placed"] = starts(children, probe, args.starts, want)
+        if args.idle_seconds:
+            result["idle"] = idle_cpu(daemon.proc.pid, args.idle_seconds)
+        runs = noisy_starts(args, children, probe, want, counts, disk_dir)
+        result["exec_to_placed"] = {k: summarize_starts(v) for k, v in runs.items()}
         result["status"] = daemon.request({"cmd": "status"})["daemon"]
     finally:
         if daemon.proc is not None:
@@ -304,33 +447,74 @@ def measure(args: argparse.Namespace, probe: Path, log: Any, result: dict[str, A
     result["host_differences"] = fingerprint_diff(before, fingerprint(os.getpid()))
 
 
+def noisy_starts(
+    args: argparse.Namespace,
+    children: Children,
+    probe: Path,
+    want: Wanted,
+    counts: dict[str, int],
+    disk_dir: str,
+) -> dict[str, list[dict[str, Any]]]:
+    """``--starts`` starts under each noise kind, in ``--blocks`` blocks taking turns."""
+    blocks = max(1, args.blocks) if len(args.kinds) > 1 else 1
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in args.kinds}
+    for b in range(blocks):
+        for kind in args.kinds if b % 2 == 0 else args.kinds[::-1]:
+            n = args.starts * (b + 1) // blocks - args.starts * b // blocks
+            noise = Noise(children, kind, counts, disk_dir) if kind != "none" else None
+            if noise is not None:
+                noise.start(60 + 3.0 * n)  # bounded even if this process is killed
+                time.sleep(args.settle)
+            try:
+                print(f"{n} starts, noise {kind}", flush=True)
+                runs[kind] += starts(children, probe, n, want)
+            finally:
+                if noise is not None:
+                    noise.stop()
+            time.sleep(args.settle)
+    return runs
+
+
 def report(r: dict[str, Any]) -> None:
-    ar, idle, ex = r["apply_revert"], r["idle"], r["exec_to_placed"]
+    if "apply_revert" in r:
+        ar = r["apply_revert"]
+        print(
+            f"apply/revert ({ar['rounds']} rounds, {ar['writes_per_apply']:.0f} writes): apply "
+            f"median {ar['apply']['median_ms']} ms (max {ar['apply']['max_ms']}), revert median "
+            f"{ar['revert']['median_ms']} ms (max {ar['revert']['max_ms']}); goal <= 50 ms"
+        )
+    if "idle" in r:
+        idle = r["idle"]
+        print(
+            f"idle daemon over {idle['seconds']} s: {idle['percent_of_one_cpu_stat']} % of one "
+            f"CPU (utime+stime), {idle['percent_of_one_cpu_schedstat']} % (schedstat, "
+            f"{idle['schedstat_cpu_ms']} ms; {idle['forks_on_host']} forks on the host "
+            "meanwhile); goal <= 0.1 %"
+        )
+    w = r["wanted"]
     print(
-        f"apply/revert ({ar['rounds']} rounds, {ar['writes_per_apply']:.0f} writes): apply median "
-        f"{ar['apply']['median_ms']} ms (max {ar['apply']['max_ms']}), revert median "
-        f"{ar['revert']['median_ms']} ms (max {ar['revert']['max_ms']}); goal <= 50 ms"
+        f"exec -> placed (daemon nice {r['daemon_nice']}, policy {r['daemon_policy'] or 'other'}"
+        f", gputuned from {r['daemon_tree']}; {r['rule']}: nice {w['nice']}, cpus "
+        f"{w['cpus']}, cgroup {w['cgroup']}); journal on {r['noise']['journal_fs']}, disk "
+        f"noise on {r['noise']['disk_dir_fs']}; goal p99 <= 20 ms"
     )
-    print(
-        f"idle daemon over {idle['seconds']} s: {idle['percent_of_one_cpu_stat']} % of one CPU "
-        f"(utime+stime), {idle['percent_of_one_cpu_schedstat']} % (schedstat, "
-        f"{idle['schedstat_cpu_ms']} ms; {idle['forks_on_host']} forks on the host meanwhile); "
-        "goal <= 0.1 %"
-    )
-    ms = ex["ms"]
-    print(
-        f"exec -> placed (daemon nice {r['daemon_nice']}; {r['rule']}: nice {r['wanted']['nice']}, cpus {r['wanted']['cpus']}, "
-        f"cgroup {r['wanted']['cgroup']}) over {ex['starts']} starts: p50 {ms['p50']} ms, p90 "
-        f"{ms['p90']}, p99 {ms['p99']}, max {ms['max']}; {ex['not_placed_within_2s']} not placed "
-        f"in 2 s; goal p99 <= 20 ms"
-    )
-    print(
-        f"  placed before the probe's first Python line: {ex['placed_before_first_python_line']}"
-        f"/{ex['starts']} (first line at p50 {ex['python_first_line_ms_p50']} ms); all threads "
-        f"placed: {ex['all_threads_placed']}/{ex['starts']}; fork+exec (Popen) p50 "
-        f"{ex['popen_ms_p50']} ms; counted from Popen's return instead: p50 "
-        f"{ex['after_exec_ms']['p50']} ms, p99 {ex['after_exec_ms']['p99']} ms"
-    )
+    for kind, ex in r["exec_to_placed"].items():
+        ms = ex["ms"]
+        print(
+            f" noise {kind} {r['noise']['processes'][kind]}: {ex['starts']} starts: p50 "
+            f"{ms['p50']} ms, p90 {ms['p90']}, p99 {ms['p99']}, max {ms['max']}; "
+            f"{ex['not_placed_within_2s']} not placed in 2 s"
+        )
+        print(
+            f"  placed before the probe's first Python line: "
+            f"{ex['placed_before_first_python_line']}/{ex['starts']} (first line at p50 "
+            f"{ex['python_first_line_ms_p50']} ms); all threads placed: "
+            f"{ex['all_threads_placed']}/{ex['starts']}; fork+exec (Popen) p50 "
+            f"{ex['popen_ms_p50']} ms; counted from Popen's return instead: p50 "
+            f"{ex['after_exec_ms']['p50']} ms, p99 {ex['after_exec_ms']['p99']} ms"
+        )
+        if "breakdown" in ex:
+            print("\n".join(daemon_trace.show(ex["breakdown"])))
     print(
         f"daemon stop: exit {r['stop']['exit_status']}, journal entries left "
         f"{r['stop']['journal_entries_left']}; processes left: {len(r['leftover_pids'])}; "

@@ -11,6 +11,12 @@ before gputuned touched the setting; re-applying or switching profiles never ove
 at any point leaves a journal that names every setting that may have changed. A truncated last
 line (a crash mid-append, before fsync returned) is ignored: its write had not started.
 
+Records of process settings (nice, CPUs, policy, cgroup of a process) are appended without the
+fsync: such a setting ends with its process, and every process ends when the kernel does, so
+the record need only outlive the daemon, and a daemon killed after ``write`` returned leaves
+the line in the page cache for the next start. Where /run is on a disk that others write to,
+that fsync was most of a placement's time (issue 20, docs/benchmarks.md).
+
 A ``save`` that names anything gputuned does not write (:mod:`gputuned.engine.opcheck`), or that is not
 a well-formed entry, is *rejected*: it is never restored, revert reports it, and compaction keeps
 its line for a person to look at (issue 14, finding 13).
@@ -35,6 +41,7 @@ from gputuned.host.state import (
 )
 from gputuned.kernel import Kernel
 from gputuned.settings.base import Op
+from gputuned.settings.registry import placement_kinds
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -55,7 +62,7 @@ class Journal:
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self._entries: dict[str, Entry] = {}
-        self._pending: list[tuple[str, bytes]] = []  # deferred saves: (key, line)
+        self._pending: list[tuple[str, bytes, bool]] = []  # deferred: (key, line, fsync it)
         #: (line number, why, the line) of saves refused on load: never restored.
         self.rejected: list[tuple[int, str, bytes]] = []
         self.lines = 0  # lines in the file: compact when far more than the live entries
@@ -130,24 +137,32 @@ class Journal:
             return False
         entry = Entry(op, old)
         line = (json.dumps({"v": VERSION, "op": "save", "entry": entry.to_json()}) + "\n").encode()
+        # Settings of one process or thread end with it (see above): no fsync.
+        sync = op.kind not in placement_kinds()
         if defer:
-            self._pending.append((op.key, line))
+            self._pending.append((op.key, line, sync))
         else:
-            append_durable(self.kernel, JOURNAL, line)
+            append_durable(self.kernel, JOURNAL, line, sync=sync)
             self.lines += 1
         self._entries[op.key] = entry
         return True
 
     def flush(self) -> None:
-        """Make the deferred saves durable: one append, one fsync. On failure they are
-        forgotten again (nothing they protect may be written) and the error raised."""
+        """Make the deferred saves durable: one append, one fsync (none when they are all
+        process settings). On failure they are forgotten again (nothing they protect may be
+        written) and the error raised."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
         try:
-            append_durable(self.kernel, JOURNAL, b"".join(line for _, line in pending))
+            append_durable(
+                self.kernel,
+                JOURNAL,
+                b"".join(line for _, line, _ in pending),
+                sync=any(sync for _, _, sync in pending),
+            )
         except BaseException:
-            for key, _ in pending:
+            for key, _, _ in pending:
                 self._entries.pop(key, None)
             raise
         self.lines += len(pending)
@@ -165,6 +180,20 @@ class Journal:
         except errors.HostError as exc:
             log.warning("journal: could not record that %s is restored: %s", key, exc)
         del self._entries[key]
+
+    def drop_many(self, keys: list[str]) -> None:
+        """:meth:`drop` for many keys, in one append (the threads of a process that end)."""
+        live = [k for k in dict.fromkeys(keys) if k in self._entries]
+        if not live:
+            return
+        data = "".join(json.dumps({"v": VERSION, "op": "drop", "key": k}) + "\n" for k in live)
+        try:  # not fsynced, and a failure stops nothing: see drop()
+            append_durable(self.kernel, JOURNAL, data.encode(), sync=False)
+            self.lines += len(live)
+        except errors.HostError as exc:
+            log.warning("journal: could not record that %d entries are gone: %s", len(live), exc)
+        for k in live:
+            del self._entries[k]
 
     def compact_if_grown(self, slack: int = 256) -> bool:
         """Compact when the file holds ``slack`` more lines than twice the live entries: a

@@ -72,6 +72,7 @@ class FaultKernel(KernelBase):
         self.nvml = inner.nvml
         self.abstract_sockets = inner.abstract_sockets
         self.services = inner.services
+        self.runs_gputuned = inner.runs_gputuned
         self.trusted_uid = inner.trusted_uid
         self.recorded_refusals = inner.recorded_refusals
         self.recorded_nvml = inner.recorded_nvml

@@ -34,6 +34,7 @@ class KernelBase:
     nvml = False
     abstract_sockets = False
     services = False
+    runs_gputuned = False
     trusted_uid: int | None = None
     recorded_refusals: Mapping[str, int] = MappingProxyType({})
     recorded_nvml: Sequence[Mapping[str, Any]] | None = None

@@ -39,6 +39,7 @@ class LiveKernel(KernelBase):
     nvml = True
     abstract_sockets = True
     services = True
+    runs_gputuned = True
     trusted_uid: int | None = 0
 
     def __init__(self) -> None:
@@ -114,6 +115,20 @@ class LiveKernel(KernelBase):
                 "or an LSM may refuse it"
             )
         raise OSError(code, reason)
+
+
+def set_own_realtime(priority: int) -> None:
+    """SCHED_FIFO at ``priority`` for the calling thread (the daemon's event thread), with
+    SCHED_RESET_ON_FORK: a thread or process it starts begins at SCHED_OTHER (sched(7)).
+    gputuned's own thread is on this machine whatever kernel it tunes."""
+    check_scheduler("fifo", priority)
+    param = os.sched_param(priority)
+    policy = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+    _syscall(
+        lambda: os.sched_setscheduler(0, policy, param),
+        "/proc/thread-self:scheduler",
+        policy="fifo",
+    )
 
 
 def _syscall(call: Callable[[], None], at: str, **ctx: object) -> None:

@@ -49,6 +49,9 @@ class Kernel(Protocol):
     abstract_sockets: bool
     #: systemd and udevd of this root run, and may be told to reload what was installed.
     services: bool
+    #: gputuned's own processes run on this kernel (the machine; not a tree): the daemon may
+    #: set its own scheduling ([daemon] realtime_priority).
+    runs_gputuned: bool
     #: The one user whose state files gputuned trusts under this root (root on a machine);
     #: None where any owner will do (a tree belongs to whoever made it).
     trusted_uid: int | None

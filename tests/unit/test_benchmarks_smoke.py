@@ -131,3 +131,51 @@ def test_plain_png_and_figures(tmp_path: Path) -> None:
     summary = {"cpu": {"noisy": {"tok_s_x": nn.spread([0.5, 0.6]), "p99_x": nn.spread([3.0])}}}
     nn._plain_png(summary, tmp_path / "p.png")
     assert png_size((tmp_path / "p.png").read_bytes()) == (640, 360)
+
+
+def test_isolated_profile_loads(tmp_path: Path) -> None:
+    """The benchmarks' profile copy (one rule narrowed to the probe) is a profile gputuned
+    takes: its include lies beside it, as gputuned/profile.py demands of includes."""
+    from gputuned.profile.load import load_profile
+
+    nn = load()
+    out = nn.isolated_profile(REPO / "profiles" / "shared-host.toml", tmp_path, r"/probe\.py\b")
+    prof = load_profile(out)
+    assert [r.name for r in prof.process] == ["server"]
+    assert prof.process[0].match.cmdline == r"/probe\.py\b"
+    assert prof.cpuset is not None and prof.cpuset.cgroup == "gputuned.inference"
+
+
+def test_neighbours_bill_against_the_untuned_noisy_window() -> None:
+    """Server gain and each neighbour's loss (1 - work / untuned work) are taken against the
+    block's noisy window (issue 20, item 3); windows without noise get neither."""
+    nn = load()
+
+    def win(cond: str, tok_s: float, work: dict[str, float] | None) -> dict[str, Any]:
+        w: dict[str, Any] = {"condition": cond, "tok_s": tok_s, "p50_ms": 1.0, "p99_ms": 2.0}
+        if work is not None:
+            w["neighbour_work_per_s"] = work
+        return w
+
+    block = [
+        win("clean", 100.0, None),
+        win("noisy", 50.0, {"cpu": 1000.0, "net": 4e6, "disk": 2e6}),
+        win("tuned:p", 90.0, {"cpu": 750.0, "net": 4e6, "disk": 1e6}),
+        win("clean-again", 100.0, None),
+    ]
+    nn.add_ratios(block)
+    tuned = block[2]
+    assert tuned["server_gain"] == pytest.approx(0.8)
+    assert tuned["neighbour_loss"] == pytest.approx({"cpu": 0.25, "net": 0.0, "disk": 0.5})
+    assert block[1]["neighbour_loss"] == {"cpu": 0.0, "net": 0.0, "disk": 0.0}
+    assert "neighbour_loss" not in block[0] and "server_gain" not in block[3]
+    summary = nn.summarize(
+        [{**w, "noise": "heavy", "round": 1, "_lat": [1.0]} | _figs(w) for w in block]
+    )
+    assert summary["heavy"]["tuned:p"]["neighbour_loss_disk"]["median"] == pytest.approx(0.5)
+    assert "neighbours' bill, tuned:p under heavy" in nn.table(summary, "h")
+
+
+def _figs(w: dict[str, Any]) -> dict[str, Any]:
+    keys = ("runq_ms_per_token", "invol_cs_per_1k", "vol_cs_per_1k")
+    return dict.fromkeys(keys, 0.0)

@@ -145,6 +145,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
     task.joinpath("comm").write_text("python3\n")
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
+    d._place_threads()  # the new thread, at the next turn of the loop
     stat = (root / "proc/5000/task/5002/stat").read_text()
     assert stat.rpartition(")")[2].split()[19 - 3] == "-10"
     assert d.counters["placements"] >= 2
@@ -163,6 +164,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
     task.joinpath("comm").write_text("python3\n")
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
+    d._place_threads()
     d.stop()
     for tid in (5000, 5001, 5002, 5003):
         stat = (root / f"proc/5000/task/{tid}/stat").read_text()
@@ -289,23 +291,28 @@ def _server(root: Path, pid: int, threads: list[int]) -> None:
     )
 
 
-def test_a_placement_journals_with_one_fsync(
+def test_a_placement_journals_with_one_append_no_fsync(
     tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every original of a placement is journaled before its write, in one append and fsync."""
+    """Every original of a placement is journaled before its write, in one append, without
+    an fsync: process settings end with the process, which ends with the kernel, so the record
+    need only outlive the daemon (gputuned/journal.py; an fsync under disk load was most of a
+    placement's time, issue 20)."""
     import gputuned.host.state as state
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     appends: list[bytes] = []
+    synced: list[bool] = []
     real_append = state.append_durable
 
     def append(host: FaultKernel, hpath: str, line: bytes, *, sync: bool = True) -> None:
-        if sync:
-            # Nothing of the process may have been written yet when its originals are synced.
+        if b'"op": "save"' in line:
+            # Nothing of the process may have been written yet when its originals are saved.
             assert not [w for k, w in events if k == "write" and "/proc/6000" in w]
             appends.append(line)
+            synced.append(sync)
         real_append(host, hpath, line, sync=sync)
 
     monkeypatch.setattr("gputuned.journal.append_durable", append)
@@ -313,7 +320,8 @@ def test_a_placement_journals_with_one_fsync(
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
     assert 6000 in d.placed
-    assert len(appends) == 1, "one durable append for the whole placement"
+    assert len(appends) == 1, "one append for the whole placement"
+    assert synced == [False], "a placement's originals are not fsynced"
     saved = [json.loads(line)["entry"]["target"] for line in appends[0].splitlines()]
     assert len(saved) >= 4 * 2, saved  # nice and CPUs of each of the 4 threads, at least
     for tid in (6000, 6001, 6002, 6003):
@@ -431,3 +439,53 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         assert d.running
     d.stop()
     assert digest(root) == before
+
+
+def _realtime_profile(tmp_path: Path, priority: int) -> Path:
+    p = profile_file(tmp_path)
+    p.write_text(p.read_text() + f"\n[daemon]\nrealtime_priority = {priority}\n")
+    return p
+
+
+def test_realtime_priority_is_fifo_for_the_event_thread_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[daemon] realtime_priority: SCHED_FIFO for the calling (event) thread, with
+    SCHED_RESET_ON_FORK so that what it starts is SCHED_OTHER; on a tree, no system call."""
+    calls: list[tuple[int, int, int]] = []
+
+    def setscheduler(pid: int, policy: int, param: os.sched_param) -> None:
+        calls.append((pid, policy, param.sched_priority))
+
+    monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=_realtime_profile(tmp_path, 1))
+    d.start()
+    assert calls == [], "a tree is not the machine: the daemon's own policy is left alone"
+    d._realtime(1)
+    assert calls == [(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, 1)]
+    assert d.stop() == 0
+
+
+def test_realtime_priority_refused_says_why_and_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def refuse(pid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=_realtime_profile(tmp_path, 1))
+    d._realtime(1)
+    assert len(d.setup_notes) == 1 and d.setup_notes[0].startswith("realtime_priority refused")
+    assert "RT budget" in d.setup_notes[0] or "CAP_SYS_NICE" in d.setup_notes[0]
+
+
+@pytest.mark.parametrize("priority", [-1, 11])
+def test_realtime_priority_bounds(tmp_path: Path, priority: int) -> None:
+    from gputuned.errors import GputunedError
+
+    with pytest.raises(GputunedError, match="realtime_priority"):
+        load_profile(_realtime_profile(tmp_path, priority))
