@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import gputuned.engine.apply as apply_mod
 import gputuned.engine.plan as engine_mod
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
 from gputuned.profile.load import load_profile
 from gputuned.root import open_kernel
 

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from gputuned.host.proc import read_process
 from gputuned.kernel.live import LiveKernel
 from gputuned.kernel.mounts import find
+from gputuned.kernel.proc import read_process
 from gputuned.kernel.system import read_cgroup_layout
 
 HOST = LiveKernel()

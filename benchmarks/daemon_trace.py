@@ -126,10 +126,10 @@ class Tracer:
 
 def install(tracer: Tracer) -> None:
     """Wrap the daemon's placement path (module attributes, looked up at call time)."""
-    import gputuned.daemon as daemon_mod
+    import gputuned.daemon.core as daemon_mod
     import gputuned.engine.apply as apply_mod
-    import gputuned.host.procwatch as pw
-    from gputuned.journal import Journal
+    import gputuned.service.procwatch as pw
+    from gputuned.engine.journal import Journal
 
     parse = pw.parse_datagram
 

@@ -49,11 +49,11 @@ from typing import Any
 from noisy_neighbor import Children, Gputuned, fingerprint, fingerprint_diff, percentile
 
 from gputuned import errors
-from gputuned.host.proc import read_process
-from gputuned.host.state import JOURNAL
 from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.proc import read_process
 from gputuned.kernel.sampling import clock_ticks, sample_process
 from gputuned.service.control import request
+from gputuned.store.state import JOURNAL
 from tests.integration.test_shipped_rules_live import shipped_rules_profile
 from tests.localuser import LocalUser, NoUser, local_user
 

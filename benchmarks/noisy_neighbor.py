@@ -484,8 +484,8 @@ class Gputuned:
     """Start ``gputuned --profile`` as a child, register PIDs, stop it (SIGTERM: it reverts)."""
 
     def __init__(self, children: Children, log: IO[bytes]) -> None:
-        from gputuned.host.state import ACTIVE, STATE, read_optional_bytes
         from gputuned.kernel.live import LiveKernel
+        from gputuned.store.state import ACTIVE, STATE, read_optional_bytes
 
         self.children, self.log, self.host = children, log, LiveKernel()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -523,8 +523,8 @@ class Gputuned:
 
     def stop(self) -> dict[str, Any]:
         """SIGTERM (the daemon reverts), then check that nothing is left applied."""
-        from gputuned.host.state import remove, replace_durable
-        from gputuned.journal import Journal
+        from gputuned.engine.journal import Journal
+        from gputuned.store.state import remove, replace_durable
 
         assert self.proc is not None
         rc = self.children.stop(self.proc, wait=60.0)
@@ -544,7 +544,7 @@ class Gputuned:
 
 
 def check_untuned(host: Any) -> None:
-    from gputuned.journal import Journal
+    from gputuned.engine.journal import Journal
     from gputuned.service.control import daemon_running
 
     if os.geteuid() != 0:
@@ -560,8 +560,8 @@ def fingerprint(pid: int | list[int]) -> dict[str, Any]:
     processes (``pid``: one, or every process of a server-shaped worker; the first is the one
     whose cgroup is shown)."""
     from gputuned import errors
-    from gputuned.host.proc import read_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
     from gputuned.kernel.system import read_cgroup_layout, read_default_affinity, read_interrupts
 
     host = LiveKernel()
@@ -1047,8 +1047,8 @@ def fresh_diff(ref: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def start_time(pid: int) -> int:
     """proc(5) stat field 22: with the PID, a process's identity (register sends both)."""
-    from gputuned.host.proc import read_identity
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_identity
 
     return read_identity(LiveKernel(), pid)[0]
 
@@ -1058,8 +1058,8 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
     if wanted is None:
         return None
     from gputuned import errors
-    from gputuned.host.proc import read_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -1119,8 +1119,8 @@ def steal_ticks() -> dict[int, int]:
 def _allowed_cpus(pid: int) -> list[int]:
     """The CPUs the worker's main thread may run on ([] once it is gone)."""
     from gputuned import errors
-    from gputuned.host.proc import read_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     try:
         threads = read_process(LiveKernel(), pid).threads

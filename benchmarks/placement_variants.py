@@ -56,15 +56,15 @@ def gputunectl(*argv: str) -> None:
 
 
 def threads(pid: int) -> list[int]:
-    from gputuned.host.proc import read_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     return [t.tid for t in read_process(LiveKernel(), pid).threads]
 
 
 def cgroup_of(pid: int) -> str:
-    from gputuned.host.proc import read_process
     from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     return read_process(LiveKernel(), pid, threads=False).cgroup
 

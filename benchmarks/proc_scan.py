@@ -5,7 +5,7 @@
 Two reads matter for speed (docs/benchmarks.md, "psutil"):
 
 - **the full plan's process scan**: every process's comm, command line, parent and start time
-  (``gputuned.host.proc.iter_processes(kernel, brief=True)``; rules are matched on these, and
+  (``gputuned.kernel.proc.iter_processes(kernel, brief=True)``; rules are matched on these, and
   only the few processes they match are read further);
 - **the daemon's read of one new process** at a fork, exec or rename event, before it is
   matched and placed (``read_process(kernel, pid, threads=False, brief=True)``): the part of
@@ -36,8 +36,8 @@ try:
 except ImportError:
     sys.exit("benchmarks/proc_scan.py compares gputuned with psutil: pip install psutil first")
 
-from gputuned.host.proc import iter_processes, read_process
 from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.proc import iter_processes, read_process
 
 ATTRS = ["pid", "ppid", "name", "cmdline", "create_time"]
 

@@ -56,9 +56,9 @@ from noisy_neighbor import (
 )
 
 from gputuned import errors
-from gputuned.host.proc import ProcInfo, read_process
 from gputuned.kernel import Kernel
 from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.kernel.sampling import clock_ticks, sample_process
 from gputuned.profile.load import load_profile
 from gputuned.profile.model import Profile

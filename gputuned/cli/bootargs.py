@@ -12,13 +12,13 @@ import sys
 
 from gputuned.cli.render import console
 from gputuned.engine.apply import ApplyReport
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import read_context
-from gputuned.host.state import GRUB_DROPIN, HostLock
-from gputuned.journal import Journal
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
 from gputuned.settings.base import ABSENT, Op
 from gputuned.settings.registry import write
+from gputuned.store.state import GRUB_DROPIN, HostLock
 from gputuned.tuners.bootargs import BootargsTuner
 
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gputuned import __version__, errors
-from gputuned.host import state as hoststate
 from gputuned.kernel import Kernel, sysinstall
+from gputuned.store import state as hoststate
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -96,9 +96,9 @@ def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
 def _rule_targets(kernel: Kernel) -> Targets:
     from gputuned.engine.apply import read_active
     from gputuned.engine.plan import journal_originals
-    from gputuned.host.proc import ProcInfo, iter_processes, read_process
-    from gputuned.host.state import ACTIVE
+    from gputuned.kernel.proc import ProcInfo, iter_processes, read_process
     from gputuned.profile.load import parse_profile
+    from gputuned.store.state import ACTIVE
     from gputuned.tuners.proctree import ClaimInput, claim, journal_key
 
     active = read_active(kernel)

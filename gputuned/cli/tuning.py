@@ -20,8 +20,8 @@ from gputuned.cli.render import (
     render_verify,
     shown,
 )
-from gputuned.host.state import ACTIVE, GRUB_DROPIN, check_state_files
 from gputuned.kernel import Kernel
+from gputuned.store.state import ACTIVE, GRUB_DROPIN, check_state_files
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile
@@ -179,7 +179,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from gputuned.engine.apply import read_active, read_state
-    from gputuned.journal import Journal
+    from gputuned.engine.journal import Journal
 
     kernel = root.open_kernel(args.root)
     resp = _daemon(kernel, {"cmd": "status"})
@@ -210,7 +210,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_register(args: argparse.Namespace) -> int:
-    from gputuned.host.proc import read_identity
+    from gputuned.kernel.proc import read_identity
 
     kernel = root.open_kernel(args.root)
     if args.pid <= 0:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.engine.changes import Change
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.revert import (
     RevertReport,
@@ -25,15 +26,6 @@ from gputuned.engine.revert import (
     restore_processes,
     revert_all,
 )
-from gputuned.host.state import (
-    ACTIVE,
-    STATE,
-    HostLock,
-    check_state_files,
-    read_optional_bytes,
-    replace_durable,
-)
-from gputuned.journal import Journal
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
 from gputuned.settings.base import Op, ReadBackMismatch, Reused
@@ -45,6 +37,14 @@ from gputuned.settings.registry import (
     setting,
     start_write,
     write,
+)
+from gputuned.store.state import (
+    ACTIVE,
+    STATE,
+    HostLock,
+    check_state_files,
+    read_optional_bytes,
+    replace_durable,
 )
 
 __all__ = [

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gputuned.engine.inspect import Snapshot
-    from gputuned.host.proc import ProcInfo
     from gputuned.kernel import Kernel
+    from gputuned.kernel.proc import ProcInfo
     from gputuned.kernel.system import CgroupLayout, Irq
     from gputuned.profile.cpusets import ResolvedCpus
     from gputuned.profile.model import Profile

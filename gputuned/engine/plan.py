@@ -15,9 +15,9 @@ from typing import Any
 from gputuned import errors
 from gputuned.engine.changes import Change, PlanContext, Refusal, Tuner
 from gputuned.engine.inspect import snapshot
-from gputuned.host.proc import iter_processes, read_process
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
 from gputuned.kernel import Kernel
+from gputuned.kernel.proc import iter_processes, read_process
 from gputuned.kernel.system import (
     read_cgroup_layout,
     read_default_affinity,
@@ -143,7 +143,7 @@ def all_tuners() -> Sequence[Tuner]:
     from gputuned.tuners.irq import IrqTuner
     from gputuned.tuners.pcie_aspm import PcieAspmTuner
     from gputuned.tuners.pcie_payload import PciePayloadTuner
-    from gputuned.tuners.process import ProcessTuner
+    from gputuned.tuners.procplan import ProcessTuner
 
     return (
         PcieAspmTuner(),
@@ -170,7 +170,7 @@ def plan_profile(
     it (``gputunectl plan``, ``verify``).
     """
     from gputuned.cpulist import format_cpulist
-    from gputuned.daemon_access import daemon_refusals
+    from gputuned.daemon.access import daemon_refusals
 
     ctx = read_context(kernel, profile, registered=registered, journal=journal)
     result = PlanResult(
@@ -209,7 +209,7 @@ def plan_processes(
     process whose parent is among ``ctx.claimed`` is a descendant of a claimed one.
     ``threads``: for these pids only the threads named (new ones) are read and planned, not
     every thread of the process (ProcessTuner.plan_tree)."""
-    from gputuned.tuners.process import ProcessTuner
+    from gputuned.tuners.procplan import ProcessTuner
 
     procs = []
     for pid in pids:

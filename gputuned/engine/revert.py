@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.host.proc import iter_processes, read_identity, read_process
-from gputuned.host.state import ACTIVE, STATE, HostLock, remove
-from gputuned.journal import Entry, Journal
+from gputuned.engine.journal import Entry, Journal
 from gputuned.kernel import Kernel
+from gputuned.kernel.proc import iter_processes, read_identity, read_process
 from gputuned.kernel.system import nearest_cgroup, read_cgroup_layout
 from gputuned.settings.base import ABSENT, Op, Reused
 from gputuned.settings.registry import placement_kinds, setting
 from gputuned.settings.threads import thread_value
+from gputuned.store.state import ACTIVE, STATE, HostLock, remove
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
 
-from gputuned.daemon_config import Config as DaemonConfig
+from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.errors import ProfileError
 from gputuned.profile.checks import check_profile
 from gputuned.profile.cpusets import CpuSetSpec

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from gputuned import daemon_config
-from gputuned.daemon_config import Config as DaemonConfig
+from gputuned.daemon import config as daemon_config
+from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.profile import model as profile_model
 from gputuned.profile.cpusets import CpuSetSpec
 from gputuned.profile.messages import is_model, unwrap

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gputuned import errors
-from gputuned.host.state import ensure_dir
 from gputuned.kernel import Kernel
 from gputuned.kernel.oserrors import translate
 from gputuned.service.controlclient import (  # the client API, re-exported
@@ -61,6 +60,7 @@ from gputuned.service.controlproto import (
     proc_groups,
 )
 from gputuned.service.sockserve import Client, StreamServer
+from gputuned.store.state import ensure_dir
 
 __all__ = [
     "CHANGING", "CONTROL_SOCKET", "IDLE_TIMEOUT_S", "MAX_CLIENTS", "MAX_LINE", "PER_USER",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gputuned.host import state
 from gputuned.settings.base import ABSENT, Op, Setting
+from gputuned.store import state
 
 if TYPE_CHECKING:
     from gputuned.kernel import Kernel

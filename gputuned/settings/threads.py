@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host.proc import read_thread
+from gputuned.kernel.proc import read_thread
 from gputuned.kernel.procfs import cgroup_path
 from gputuned.kernel.system import cgroup_cpus
 from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
 
 if TYPE_CHECKING:
     from gputuned.engine.changes import Change
-    from gputuned.host.proc import ThreadInfo
     from gputuned.kernel import Kernel
+    from gputuned.kernel.proc import ThreadInfo
 
 #: Journal value of an affinity the thread never set itself (tuners/process.py _plan_proc).
 DEFAULT_AFFINITY = "cgroup-default"

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host.proc import read_process
+from gputuned.kernel.proc import read_process
 from gputuned.settings.threads import policy_value, thread_value
 from gputuned.tuners.cmdmatch import SEARCHES
 
 if TYPE_CHECKING:
     from gputuned.engine.changes import PlanContext
-    from gputuned.host.proc import ProcInfo, ThreadInfo
+    from gputuned.kernel.proc import ProcInfo, ThreadInfo
     from gputuned.tuners.process import Config, Exclude, Match
 
 #: Processes of gputuned itself are never placed, whatever a rule says.

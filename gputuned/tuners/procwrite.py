@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from gputuned.engine.changes import Change, PlanContext
 
 if TYPE_CHECKING:
-    from gputuned.host.proc import ProcInfo
+    from gputuned.kernel.proc import ProcInfo
     from gputuned.tuners.process import Config
     from gputuned.tuners.proctree import Claim, Tuned
 
 
 class ChangeWriter:
-    """Builds the changes of one process (see process.ProcessTuner._plan_proc)."""
+    """Builds the changes of one process (see procplan.ProcessTuner._plan_proc)."""
 
     def __init__(self, tuner: str, ctx: PlanContext, rule: Config, proc: ProcInfo, c: Claim):
         self.tuner, self.ctx, self.rule, self.proc, self.claim = tuner, ctx, rule, proc, c

@@ -36,7 +36,7 @@ from gputuned.cpulist import format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:
     from gputuned.engine.changes import Change, PlanContext
-    from gputuned.host.proc import ProcInfo
+    from gputuned.kernel.proc import ProcInfo
     from gputuned.tuners.process import Config
     from gputuned.tuners.proctree import Claim
 

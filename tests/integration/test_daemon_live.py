@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.proc import read_process
+from gputuned.kernel.proc import read_process
 from tests.faults import live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")

@@ -23,9 +23,9 @@ from gputuned.cpulist import parse_cpulist
 from gputuned.engine.apply import apply_profile, read_state, revert_all
 from gputuned.engine.plan import plan_profile
 from gputuned.engine.verify import verify_plan
-from gputuned.host.proc import read_process
-from gputuned.host.state import ETC_DIR, JOURNAL
+from gputuned.kernel.proc import read_process
 from gputuned.profile.load import parse_profile
+from gputuned.store.state import ETC_DIR, JOURNAL
 from tests.faults import live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")

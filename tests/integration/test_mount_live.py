@@ -20,10 +20,10 @@ from gputuned import errors
 from gputuned.engine.apply import apply_profile, read_state, revert_all
 from gputuned.engine.plan import plan_profile
 from gputuned.engine.verify import verify_plan
-from gputuned.host.state import ACTIVE, JOURNAL, STATE, HostLock
 from gputuned.kernel.mounts import MOUNTINFO, parse_line
 from gputuned.kernel.system import read_cgroup_layout
 from gputuned.profile.load import parse_profile
+from gputuned.store.state import ACTIVE, JOURNAL, STATE, HostLock
 from tests.faults import FaultKernel, live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")

@@ -17,8 +17,8 @@ import pytest
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host.proc import ProcInfo, read_process
 from gputuned.kernel import tasks as procctl
+from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.sim.model import TreeModel
 from tests.faults import FaultKernel, live_kernel, tree_kernel
 

@@ -35,8 +35,8 @@ import pytest
 
 from gputuned import errors
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.host.proc import read_process
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
+from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile
 from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from gputuned.host import procwatch as pw
-from gputuned.host import procwire as wire
-from gputuned.host.proc import list_pids
-from gputuned.host.procwatch import ProcEvent, ProcWatcher
+from gputuned.kernel.proc import list_pids
+from gputuned.service import procwatch as pw
+from gputuned.service import procwire as wire
+from gputuned.service.procwatch import ProcEvent, ProcWatcher
 from tests.faults import live_kernel
 
 pytestmark = pytest.mark.integration

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
-from gputuned.host.proc import read_process, read_uids
-from gputuned.journal import Journal
+from gputuned.kernel.proc import read_process, read_uids
 from gputuned.kernel.system import read_cgroup_layout
 from gputuned.profile.load import load_profile
 from gputuned.service.control import request

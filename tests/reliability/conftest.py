@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
 from gputuned.settings.registry import holds
 from tests.faults import tree_kernel
 from tests.localuser import LocalUser, NoUser, local_user

@@ -30,10 +30,10 @@ import pytest
 
 from gputuned import errors
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.host.state import JOURNAL, HostLock
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
 from gputuned.profile.load import load_profile
 from gputuned.service.control import daemon_running, request
+from gputuned.store.state import JOURNAL, HostLock
 from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.reliability.conftest import (
     REPO,

@@ -33,9 +33,9 @@ from pathlib import Path
 
 from gputuned import errors
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.host.state import JOURNAL
 from gputuned.profile.load import load_profile
 from gputuned.service.control import daemon_running, request
+from gputuned.store.state import JOURNAL
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel

@@ -41,12 +41,12 @@ from gputuned.engine import apply as apply_mod
 from gputuned.engine.apply import ApplyError, ApplyReport, apply_profile, read_state, revert_all
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.verify import verify_plan
-from gputuned.host.state import JOURNAL
 from gputuned.kernel.pci import ASPM_POLICY
 from gputuned.profile.load import parse_profile
 from gputuned.profile.model import Profile
 from gputuned.settings.base import Op
 from gputuned.settings.registry import expand
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, remove_process
 from tests.faults import FaultKernel, live_kernel, tree_kernel
 from tests.reliability.conftest import (

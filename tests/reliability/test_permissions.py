@@ -28,14 +28,14 @@ import pytest
 
 import gputuned
 from gputuned import errors
-from gputuned.daemon import Daemon
+from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, read_state, revert_all
 from gputuned.engine.plan import plan_profile
 from gputuned.engine.verify import verify_plan
 from gputuned.errors import ProfileError
-from gputuned.host.state import ACTIVE, JOURNAL, STATE
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.service.control import request
+from gputuned.store.state import ACTIVE, JOURNAL, STATE
 from tests.faults import tree_kernel
 from tests.localuser import LocalUser
 from tests.reliability.conftest import USER, cli, daemon
@@ -283,7 +283,7 @@ def test_no_shell_in_the_package(terminal: list[str]) -> None:
                 bad.append(f"{where}: subprocess.{name[1]} with a string command")
         if (
             isinstance(f, ast.Name)
-            and f.id == "run_tool"  # host/sysinstall.py's wrapper
+            and f.id == "run_tool"  # kernel/sysinstall.py's wrapper
             and (not call.args or not isinstance(call.args[0], ast.List | ast.Name))
         ):
             bad.append(f"{where}: run_tool without an argument list")

@@ -14,13 +14,13 @@ import pytest
 from gputuned import errors
 from gputuned.engine import apply as apply_mod
 from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
 from gputuned.engine.verify import verify_plan
-from gputuned.host.state import JOURNAL, HostLock
-from gputuned.journal import Journal
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.profile.model import Profile
 from gputuned.settings.registry import expand, placement_kinds
+from gputuned.store.state import JOURNAL, HostLock
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.fakeproc import add_process, add_user, remove_process
 from tests.faults import FaultKernel, tree_kernel
@@ -425,8 +425,8 @@ def test_irq_writes_are_journaled_with_one_fsync(
 ) -> None:
     """A run of IRQ affinity writes is journaled with one append + fsync, not one each; every
     other write still has its own append, before it, and its fsync unless it is a process
-    setting (gputuned/journal.py: those end with the process)."""
-    import gputuned.journal as journal_mod
+    setting (gputuned/engine/journal.py: those end with the process)."""
+    import gputuned.engine.journal as journal_mod
 
     root = tree_copy("dual-socket-8gpu", tmp_path)
     synced: list[int] = []

@@ -16,7 +16,7 @@ import pytest
 
 from gputuned import errors
 from gputuned.engine.plan import plan_profile
-from gputuned.host.proc import CMDLINE_BYTES, read_process
+from gputuned.kernel.proc import CMDLINE_BYTES, read_process
 from gputuned.profile.load import parse_profile
 from gputuned.tuners.cmdmatch import SEARCHES, Searches, check_pattern
 from tests.fakeproc import add_process, remove_process
@@ -159,7 +159,7 @@ def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path:
 def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gputuned.daemon import Daemon
+    from gputuned.daemon.core import Daemon
     from gputuned.service.control import PeerCred
 
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)

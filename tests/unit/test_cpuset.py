@@ -15,9 +15,9 @@ from gputuned import errors
 from gputuned.cli import main as cli
 from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.plan import plan_profile
-from gputuned.host.state import JOURNAL
 from gputuned.profile.load import load_profile
 from gputuned.settings.registry import expand
+from gputuned.store.state import JOURNAL
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gputuned.daemon import Daemon
+from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile
-from gputuned.host.state import JOURNAL
 from gputuned.profile.load import load_profile
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, stat_line, status_text
 from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.unit.conftest import Events
@@ -296,9 +296,9 @@ def test_a_placement_journals_with_one_append_no_fsync(
 ) -> None:
     """Every original of a placement is journaled before its write, in one append, without
     an fsync: process settings end with the process, which ends with the kernel, so the record
-    need only outlive the daemon (gputuned/journal.py; an fsync under disk load was most of a
+    need only outlive the daemon (gputuned/engine/journal.py; an fsync under disk load was most of a
     placement's time, issue 20)."""
-    import gputuned.host.state as state
+    import gputuned.store.state as state
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
@@ -315,7 +315,7 @@ def test_a_placement_journals_with_one_append_no_fsync(
             synced.append(sync)
         real_append(host, hpath, line, sync=sync)
 
-    monkeypatch.setattr("gputuned.journal.append_durable", append)
+    monkeypatch.setattr("gputuned.engine.journal.append_durable", append)
     _server(root, 6000, [6001, 6002, 6003])
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
@@ -328,7 +328,7 @@ def test_a_placement_journals_with_one_append_no_fsync(
         stat = (root / f"proc/6000/task/{tid}/stat").read_text()
         assert stat.rpartition(")")[2].split()[19 - 3] == "-10", tid
     # The journal in memory is the one on disk.
-    from gputuned.journal import Journal
+    from gputuned.engine.journal import Journal
 
     assert d.journal is not None
     assert [e.op.key for e in Journal(tree_kernel(root)).entries()] == [
@@ -344,8 +344,8 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     """Killed after the batch is durable and before any write: the revert finds every value
     still the original and the host ends as before."""
     from gputuned.engine.apply import ApplyReport, apply_settings, revert_all
+    from gputuned.engine.journal import Journal
     from gputuned.engine.plan import read_context
-    from gputuned.journal import Journal
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     host = tree_kernel(root)
@@ -381,7 +381,7 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
 def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
     tmp_path: Path, events: Events
 ) -> None:
-    from gputuned.host.procwatch import ProcEvent
+    from gputuned.service.procwatch import ProcEvent
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))

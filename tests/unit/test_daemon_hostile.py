@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.daemon import Daemon
+from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile
 from gputuned.engine.plan import plan_profile
 from gputuned.profile.load import load_profile, parse_profile
@@ -163,7 +163,7 @@ def test_any_error_in_a_reload_keeps_the_profile_and_the_daemon(
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr("gputuned.daemon.load_profile", broken)
+    monkeypatch.setattr("gputuned.daemon.keeper.load_profile", broken)
     os.kill(os.getpid(), signal.SIGHUP)
     d.loop.run_once(1.0)
     assert d.running and d.profile is not None and d.profile.name == "shared-host"
@@ -183,7 +183,7 @@ def test_a_profile_file_that_breaks_at_restart_falls_back_to_the_copy(
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr("gputuned.daemon.load_profile", broken)
+    monkeypatch.setattr("gputuned.daemon.keeper.load_profile", broken)
     d = Daemon(tree_kernel(root))
     d.start()
     assert d.profile is not None and d.profile.name == "shared-host"

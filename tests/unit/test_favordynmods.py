@@ -16,9 +16,9 @@ import pytest
 from gputuned import errors
 from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
 from gputuned.engine.changes import Change
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.verify import verify_plan
-from gputuned.journal import Journal
 from gputuned.kernel import mounts
 from gputuned.kernel.capture import capture
 from gputuned.profile.load import load_profile, parse_profile

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
+from gputuned.store.state import JOURNAL
 from tests.faults import tree_kernel
 from tests.unit.test_apply import digest, full_profile, tree_copy
 

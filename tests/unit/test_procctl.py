@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.host.proc import ThreadInfo, read_process
 from gputuned.kernel import tasks as procctl
+from gputuned.kernel.proc import ThreadInfo, read_process
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process
 from tests.faults import FaultKernel, WriteRecord, tree_kernel

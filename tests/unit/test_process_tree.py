@@ -24,16 +24,16 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.daemon import Daemon
+from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
-from gputuned.host.proc import read_process
-from gputuned.host.procwatch import ProcEvent
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
 from gputuned.kernel.oserrors import translate
+from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.service.control import PeerCred
+from gputuned.service.procwatch import ProcEvent
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, remove_process
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import SERVER_UID, digest, tree_copy
@@ -488,7 +488,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
             d._handle({"cmd": "register", **req}, peer)
     assert d.registered == {} and journaled_pids(root) == set()
     # gputuned itself
-    from gputuned import daemon as daemon_mod
+    from gputuned.daemon import control as daemon_mod
 
     real = daemon_mod._pid
     daemon_mod._pid = lambda: 6000  # type: ignore[assignment]

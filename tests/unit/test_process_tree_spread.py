@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.daemon import Daemon
+from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.changes import Change
+from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
-from gputuned.host.proc import read_process
-from gputuned.host.procwatch import ProcEvent
-from gputuned.journal import Journal
+from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile
 from gputuned.profile.model import Profile
+from gputuned.service.procwatch import ProcEvent
 from gputuned.tuners.spread import Member, spread
 from tests.fakeproc import add_process, add_thread, remove_thread
 from tests.faults import FaultKernel, tree_kernel

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host import procwatch as pw
-from gputuned.host import procwire as wire
-from gputuned.host.procwatch import OVERFLOW, ProcEvent
-from gputuned.host.procwire import ConnectorEvent
+from gputuned.service import procwatch as pw
+from gputuned.service import procwire as wire
+from gputuned.service.procwatch import OVERFLOW, ProcEvent
+from gputuned.service.procwire import ConnectorEvent
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, remove_process
 from tests.faults import tree_kernel

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.daemon import THREADS_A_TURN, Daemon
-from gputuned.host.procwatch import ProcEvent
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
+from gputuned.daemon.core import THREADS_A_TURN, Daemon
+from gputuned.engine.journal import Journal
+from gputuned.service.procwatch import ProcEvent
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_thread, remove_thread
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_process_tree import (

@@ -15,7 +15,7 @@ import ipaddress
 from typing import Any
 
 from gputuned import errors
-from gputuned.daemon_config import Config as DaemonConfig
+from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.engine.changes import Refusal
 from gputuned.kernel import Kernel
 from gputuned.kernel.users import group_gid, user_uid

@@ -20,8 +20,8 @@ Use::
         select([watcher] if watcher.fileno() >= 0 else [], [], [], watcher.timeout)
         for ev in watcher.read(): ...  # "overflow": events were lost, scan everything again
 
-The connector's wire format is :mod:`gputuned.host.procwire`. Events say *that* something
-changed, not what the process is: read it through :mod:`gputuned.host.proc` and check (pid,
+The connector's wire format is :mod:`gputuned.service.procwire`. Events say *that* something
+changed, not what the process is: read it through :mod:`gputuned.kernel.proc` and check (pid,
 start time) before acting, since a PID can be reused.
 """
 
@@ -39,7 +39,10 @@ from types import TracebackType
 from typing import Self
 
 from gputuned import errors
-from gputuned.host.procwire import (
+from gputuned.kernel import Kernel
+from gputuned.kernel.oserrors import translate
+from gputuned.kernel.procfs import NUM_THREADS, parse_stat
+from gputuned.service.procwire import (
     CN_IDX_PROC,
     NETLINK_CONNECTOR,
     PROC_CN_MCAST_IGNORE,
@@ -55,9 +58,6 @@ from gputuned.host.procwire import (
     mcast_request,
     parse_datagram,
 )
-from gputuned.kernel import Kernel
-from gputuned.kernel.oserrors import translate
-from gputuned.kernel.procfs import NUM_THREADS, parse_stat
 
 log = logging.getLogger(__name__)
 

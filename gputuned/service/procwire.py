@@ -1,6 +1,6 @@
 """The proc connector's wire format: netlink and connector headers, ``struct proc_event``, and
 the LISTEN/IGNORE request (include/uapi/linux/{netlink,connector,cn_proc}.h;
-drivers/connector/cn_proc.c). :mod:`gputuned.host.procwatch` turns these into process events."""
+drivers/connector/cn_proc.c). :mod:`gputuned.service.procwatch` turns these into process events."""
 
 from __future__ import annotations
 

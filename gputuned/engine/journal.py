@@ -32,16 +32,16 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.engine.opcheck import refusal
-from gputuned.host.state import (
+from gputuned.kernel import Kernel
+from gputuned.settings.base import Op
+from gputuned.settings.registry import placement_kinds
+from gputuned.store.state import (
     JOURNAL,
     append_durable,
     read_optional_bytes,
     remove,
     replace_durable,
 )
-from gputuned.kernel import Kernel
-from gputuned.settings.base import Op
-from gputuned.settings.registry import placement_kinds
 
 log = logging.getLogger(__name__)
 VERSION = 1
