@@ -266,7 +266,7 @@ def journal_full(c: Ctx) -> tuple[str, Outside | None]:
 
 
 def journal_fsync(c: Ctx) -> tuple[str, Outside | None]:
-    return f"fsync({JOURNAL}) after the 10th append: EIO", None
+    return f"fsync({JOURNAL}) after the 5th append: EIO", None
 
 
 E = errno
@@ -444,7 +444,7 @@ def run_case(case: Case, work: Path, profile: Profile) -> Row:
         if case.needs == "tmpfs":
             stack.enter_context(journal_on_tmpfs(root))
         if case.needs == "fsync":
-            stack.enter_context(fsync_fails_after(10))
+            stack.enter_context(fsync_fails_after(5))
         stack.enter_context(fault_after_plan(host, root, case.hook, got, before=case.before_plan))
         report: ApplyReport | None = None
         try:
