@@ -166,3 +166,20 @@ def user_id(host: Host, name: str) -> int | None:
         if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
             return int(fields[2])
     return None
+
+
+def user_name(host: Host, uid: int) -> str | None:
+    """The account name of ``uid`` (the reverse of :func:`user_id`), None when there is none."""
+    if host.live:
+        import pwd
+
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return None
+    text = host.read_optional("/etc/passwd") or ""
+    for line in text.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[2] == str(uid):
+            return fields[0]
+    return None
