@@ -14,6 +14,10 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
+- SIGUSR1: hand over, for an upgrade (the Debian package's prerm sends it): exit 0 leaving
+  everything applied and the journal in /run/gputuned, so the next daemon adopts it and a
+  placed server's cgroup, nice level and CPUs never change. ``systemctl restart`` is a stop
+  and a start: it reverts, then applies again.
 
 A journal left by a killed daemon is adopted when a profile is active: its entries keep the
 original values, the profile is applied on top (no untuned window), and the final revert
@@ -100,6 +104,8 @@ class Daemon:
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
         self.running = True
+        #: SIGUSR1: stop without reverting; the next daemon adopts the journal.
+        self.handover = False
         self.watchdog_on = True
         self.loop = Loop()
         self.lock = HostLock(host)
@@ -125,6 +131,7 @@ class Daemon:
             (signal.SIGHUP, self._on_hup),
             (signal.SIGTERM, self._on_term),
             (signal.SIGINT, self._on_term),
+            (signal.SIGUSR1, self._on_usr1),
             (signal.SIGUSR2, self._on_usr2),
         ):
             self.loop.on_signal(sig, h)
@@ -237,14 +244,23 @@ class Daemon:
             log.exception("daemon: %s failed; the daemon goes on", what)
 
     def stop(self) -> int:
-        self.notify.send("STOPPING=1", "STATUS=reverting")
+        if self.handover:
+            self.notify.send("STOPPING=1", "STATUS=handing over to the next gputuned")
+        else:
+            self.notify.send("STOPPING=1", "STATUS=reverting")
         skip = (
             self.profile is not None
             and not self.profile.daemon.revert_on_shutdown
             and system_stopping()
         )
         failed = 0
-        if skip:
+        if self.handover:
+            log.info(
+                "daemon: handing over: %d journaled value(s) stay applied; the next gputuned "
+                "adopts them (gputunectl revert puts them back if none starts)",
+                len(self.journal) if self.journal is not None else 0,
+            )
+        elif skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
             rep = revert_all(self.host, forget_profile=False, lock=False, journal=self.journal)
@@ -517,6 +533,11 @@ class Daemon:
 
     def _on_term(self, sig: int) -> None:
         log.info("daemon: %s: stopping", signal.Signals(sig).name)
+        self.running = False
+
+    def _on_usr1(self, _sig: int) -> None:
+        log.info("daemon: SIGUSR1: handing over to the next gputuned (an upgrade)")
+        self.handover = True
         self.running = False
 
     def _on_usr2(self, _sig: int) -> None:

@@ -432,3 +432,31 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         assert d.running
     d.stop()
     assert digest(root) == before
+
+
+def test_sigusr1_hands_over_to_the_next_daemon_without_a_write(
+    tmp_path: Path, events: Events
+) -> None:
+    """An upgrade's handover (issue 19): the old daemon exits leaving the host tuned, the new
+    one adopts the journal without one write, and its stop restores the originals."""
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d.start()
+    tuned = digest(root)
+    assert tuned != before
+    events.clear()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    d.loop.run_once(1.0)
+    assert d.running is False and d.handover
+    assert d.stop() == 0
+    assert not [e for e in events if e[0] == "write"], "a handover writes nothing"
+    assert ("notify", "STOPPING=1") in events
+    assert digest(root) == tuned and (root / JOURNAL.lstrip("/")).is_file()
+    # the next daemon: same profile file, adopts, writes nothing, and reverts at its stop
+    events.clear()
+    d2 = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d2.start()
+    assert not [e for e in events if e[0] == "write"], "adopting: no untuned window, no writes"
+    assert d2.stop() == 0
+    assert digest(root) == before
