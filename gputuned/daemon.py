@@ -762,10 +762,12 @@ def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from gputuned.cli import host_root
 
-    p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="gputuned", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
     p.add_argument(
         "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
@@ -773,7 +775,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
     log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
     d = Daemon(Host(args.root), profile_path=args.profile)
