@@ -81,9 +81,14 @@ log = logging.getLogger("gputuned")
 
 
 class Daemon:
-    def __init__(self, host: Host, *, profile_path: Path | None = None) -> None:
+    def __init__(
+        self, host: Host, *, profile_path: Path | None = None, metrics_address: str | None = None
+    ) -> None:
         self.host = host
         self.profile_path = profile_path
+        #: --metrics-address: binds the metrics port there instead of [daemon] metrics_address
+        #: (a pod's IP, known only when the pod starts: deploy/kubernetes).
+        self.metrics_address = metrics_address
         self.notify = Notifier()
         self.profile: Profile | None = None
         self.source = ""
@@ -180,7 +185,7 @@ class Daemon:
             self.metrics = MetricsServer(
                 lambda: daemon_metrics(self.host, self._status()),
                 port=cfg.metrics_port or 0,
-                address=cfg.metrics_address,
+                address=self.metrics_address or cfg.metrics_address,
                 allowed=metrics_allowed(cfg.metrics_allow),
             )
         except errors.GputunedError as exc:
@@ -773,16 +778,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
     )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
+    p.add_argument(
+        "--metrics-address",
+        type=_ip_address,
+        metavar="ADDRESS",
+        help="bind [daemon] metrics_port to this IP address instead of metrics_address (a "
+        "Kubernetes pod's IP, from the downward API)",
+    )
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
     return p
+
+
+def _ip_address(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address; give one such as 10.1.2.3"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
     log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
-    d = Daemon(Host(args.root), profile_path=args.profile)
+    d = Daemon(Host(args.root), profile_path=args.profile, metrics_address=args.metrics_address)
     try:
         d.start()
     except errors.GputunedError as exc:
