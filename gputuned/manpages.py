@@ -158,9 +158,7 @@ def bash_completion(p: argparse.ArgumentParser) -> str:
     cases = []
     for name, (_text, sub) in subs.items():
         opts = " ".join(o for a in _actions(sub) for o in a.option_strings)
-        takes_profile = any(
-            not a.option_strings and a.metavar == "PROFILE" for a in _actions(sub)
-        )
+        takes_profile = any(not a.option_strings and a.metavar == "PROFILE" for a in _actions(sub))
         words = f"{opts} --help" + (" $(__gputunectl_profiles)" if takes_profile else "")
         line = f'        {name}) COMPREPLY=( $(compgen -W "{words}" -- "$cur") )'
         if takes_profile or name == "capture":

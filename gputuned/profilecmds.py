@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -201,11 +200,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from gputuned.render import console, shown
 
     host = Host(args.root)
-    # The admin asking (sudo from their own account) is not "other work" on the host.
-    me = {os.getuid()}
-    if os.environ.get("SUDO_UID", "").isdigit():
-        me.add(int(os.environ["SUDO_UID"]))
-    rec = recommend(host, ignore_uids=me)
+    from gputuned.host.users import asking_uids
+
+    rec = recommend(host, ignore_uids=asking_uids())
     if args.json:
         _print_json(rec.to_json())
         return 0 if rec.recommended else 1

@@ -395,5 +395,5 @@ def test_purge_leaves_nothing(world: World) -> None:
         )
         _capture(ct, "/root/capture-after")
         r = ct.run("diff", "-r", "/root/capture-before", "/root/capture-after", check=False)
-        assert r.rc == 0, r
+        assert r.rc == 0, f"{r}"
         c.detail = f"apt purge {took:.1f} s; {len(after)} paths and the capture as before"

@@ -439,3 +439,27 @@ def test_irq_writes_are_journaled_with_one_fsync(
     assert len(batches) == 1 and batches[0] >= len(irq)
     assert len(synced) == len(report.written) - batches[0] + 1
     assert revert_all(Host(root)).failed == []
+
+
+def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: Path) -> None:
+    """Mount IDs, device numbers and peer groups change with every boot (the deb lane compares
+    captures across a reboot, issue 19); --stable leaves them out, and the tree still works."""
+    from gputuned.host import mounts
+    from gputuned.host.capture import capture
+
+    root = tree_copy("h200-captured", tmp_path)
+    info = root / "proc/self/mountinfo"
+    original = info.read_text()
+    info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original)
+    capture(Host(root), tmp_path / "a", stable=True)
+    info.write_text(
+        "41 1 0:33 / / rw,relatime - overlay overlay rw\n"
+        + original.replace("32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime -",
+                           "57 41 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
+    )  # fmt: skip
+    capture(Host(root), tmp_path / "b", stable=True)
+    capture(Host(root), tmp_path / "c")
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert "shared:9" in (tmp_path / "c/proc/self/mountinfo").read_text()  # only --stable drops it
+    m = mounts.find(Host(tmp_path / "b"), "/sys/fs/cgroup", "cgroup2")
+    assert m.super_options == "rw,nsdelegate,memory_recursiveprot"
