@@ -37,7 +37,7 @@ from tests.e2e.nspawn.harness import CACHE, Container, RunRoot, checking, host_r
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent / "nspawn"
 UNIT = "gputuned.service"
-WORKLOAD = "gputuned-e2e-workload.service"
+WORKLOAD = harness.WORKLOAD
 PROFILE_NAME = "e2e-deb"
 #: The kernel's side captured with the package's own gputuned, run from an unpacked copy kept
 #: outside the package's paths (it is there before the install and after the purge alike).
@@ -91,30 +91,8 @@ with open(out, "w") as f:
 
 
 @dataclass
-class World:
-    ct: Container
-    rr: RunRoot
-    debs: dict[str, Path]
-    passed: set[str] = field(default_factory=set)
-    facts: dict[str, object] = field(default_factory=dict)
-
-    def need(self, *steps: str) -> None:
-        for s in steps:
-            if s not in self.passed:
-                pytest.fail(f"not checked: needs the step {s!r}, which failed or did not run")
-
-    def workload_pid(self) -> int:
-        pid = int(self.ct.show(WORKLOAD, "MainPID")["MainPID"])
-        assert pid > 0, f"{WORKLOAD} is not running"
-        return pid
-
-    def placement(self) -> tuple[int, str]:
-        pid = self.workload_pid()
-        nice = int(self.ct.run("cat", f"/proc/{pid}/stat").out.rsplit(")", 1)[1].split()[16])
-        status = self.ct.run("cat", f"/proc/{pid}/status").out
-        cpus = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
-        assert cpus, status
-        return nice, cpus.group(1)
+class World(harness.Scenario):
+    debs: dict[str, Path] = field(default_factory=dict)
 
     def apt(self, *args: str) -> harness.Result:
         r = self.ct.run("apt-get", "-y", "-q", "-o", "Dpkg::Use-Pty=0", *args, check=False,
@@ -190,7 +168,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         for rev, deb in debs.items():
             rr.put(f"/root/debs/{rev}/{deb.name}", deb.read_bytes())
         host_run(["dpkg-deb", "-x", debs["1"], rr.root / TOOL.lstrip("/")])
-        yield World(ct, rr, debs)
+        yield World(ct, rr, debs=debs)
     # A killed container's processes take a moment to be reaped; then its cgroups can go.
     deadline = time.monotonic() + 15
     while ct.leftovers() and time.monotonic() < deadline:
