@@ -178,7 +178,7 @@ def _capture_into(
     _capture_pci(host, w)
     say("IRQs")
     _copy(host, w, "/proc/cmdline")
-    _copy(host, w, "/proc/mounts", _filter_mounts)
+    _copy(host, w, "/proc/mounts", _stable_mounts if stable else _filter_mounts)
     _copy(host, w, MOUNTINFO, _stable_mountinfo if stable else _filter_mountinfo)
     _copy(host, w, "/proc/interrupts", _zero_counts if stable else None)
     _copy(host, w, "/proc/irq/default_smp_affinity")
@@ -270,13 +270,24 @@ def _filter_mountinfo(data: bytes) -> bytes:
     return ("\n".join(keep) + "\n").encode() if keep else b""
 
 
+def _by_point(lines: list[str], field: int) -> list[str]:
+    """Lines sorted by mount point; mounts on one point keep their order (the last covers)."""
+    return sorted(lines, key=lambda ln: ln.split()[field])
+
+
+def _stable_mounts(data: bytes) -> bytes:
+    lines = _by_point(_filter_mounts(data).decode().splitlines(), 1)
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
 def _stable_mountinfo(data: bytes) -> bytes:
-    """:func:`_filter_mountinfo`, less what a new mount namespace or a reboot renumbers by
-    itself (proc(5)): mount IDs and parents become 1, 2, ... in line order, the device number
-    0:0, and the optional fields (peer groups: shared:N, master:N) go. What gputuned reads of
-    a line (point, options, type, source, super options) stays (issue 19: the package lane
-    compares captures taken before the install and after a reboot and the purge)."""
-    lines = _filter_mountinfo(data).decode().splitlines()
+    """:func:`_filter_mountinfo`, less what a new mount namespace or a reboot changes by
+    itself (proc(5)): the order of mounts on different points (systemd mounts the cgroup v1
+    hierarchies in no fixed order), mount IDs and parents (1, 2, ... in the sorted order), the
+    device number (0:0) and the optional fields (peer groups: shared:N, master:N). What
+    gputuned reads of a line (point, options, type, source, super options) stays (issue 19: the
+    package lane compares captures taken before the install and after a reboot and the purge)."""
+    lines = _by_point(_filter_mountinfo(data).decode().splitlines(), 4)
     ids = {ln.split()[0]: str(i) for i, ln in enumerate(lines, 1)}
     out = []
     for ln in lines:

@@ -442,18 +442,22 @@ def test_irq_writes_are_journaled_with_one_fsync(
 
 
 def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: Path) -> None:
-    """Mount IDs, device numbers and peer groups change with every boot (the deb lane compares
-    captures across a reboot, issue 19); --stable leaves them out, and the tree still works."""
+    """Mount IDs, device numbers, peer groups and the order of mounts change with every boot
+    (the deb lane compares captures across a reboot, issue 19); --stable leaves them out, and
+    the tree still works."""
     from gputuned.host import mounts
     from gputuned.host.capture import capture
 
     root = tree_copy("h200-captured", tmp_path)
     info = root / "proc/self/mountinfo"
     original = info.read_text()
-    info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original)
+    v1 = [f"{n} 30 0:{n} / /sys/fs/cgroup/{c} ro,relatime - cgroup cgroup rw,{c}\n"
+          for n, c in ((40, "cpu"), (41, "memory"))]  # fmt: skip
+    info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original + "".join(v1))
     capture(Host(root), tmp_path / "a", stable=True)
     info.write_text(
         "41 1 0:33 / / rw,relatime - overlay overlay rw\n"
+        + "".join(reversed(v1)).replace("40 30 0:40", "52 31 0:55")
         + original.replace("32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime -",
                            "57 41 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
     )  # fmt: skip
