@@ -456,10 +456,10 @@ def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: P
     info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original + "".join(v1))
     capture(Host(root), tmp_path / "a", stable=True)
     info.write_text(
-        "41 1 0:33 / / rw,relatime - overlay overlay rw\n"
+        "61 1 0:33 / / rw,relatime - overlay overlay rw\n"
         + "".join(reversed(v1)).replace("40 30 0:40", "52 31 0:55")
         + original.replace("32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime -",
-                           "57 41 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
+                           "57 61 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
     )  # fmt: skip
     capture(Host(root), tmp_path / "b", stable=True)
     capture(Host(root), tmp_path / "c")
