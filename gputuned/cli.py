@@ -26,6 +26,7 @@ from gputuned.render import (
 from gputuned.textsafe import PrintableFormatter
 
 if TYPE_CHECKING:
+    from gputuned.host.profiledirs import ProfileDirs
     from gputuned.profile import Profile
 
 
@@ -111,8 +112,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from gputuned.engine import plan_profile
     from gputuned.profile import load_profile
 
-    profile = load_profile(args.profile)
-    result = plan_profile(Host(args.root), profile, allow_blocked=True)
+    host = Host(args.root)
+    path, dirs = _profile_path(host, args.profile)
+    profile = load_profile(path, names=dirs)
+    result = plan_profile(host, profile, allow_blocked=True)
     if args.json:
         _print_json(result.to_json())
     else:
@@ -121,13 +124,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return result.blocked_error().exit_code if result.blocked else 0
 
 
+def _profile_path(host: Host, arg: Path) -> tuple[Path, ProfileDirs]:
+    """PROFILE as given on the command line: a file, else a profile's name (gputunectl list)."""
+    from gputuned.host.profiledirs import ProfileDirs
+
+    dirs = ProfileDirs.for_host(host)
+    return dirs.resolve(arg), dirs
+
+
 def _profile_for(host: Host, arg: Path | None) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
     from gputuned.apply import read_active
     from gputuned.profile import load_profile, parse_profile
 
     if arg is not None:
-        return load_profile(arg), str(arg.absolute())
+        path, dirs = _profile_path(host, arg)
+        return load_profile(path, names=dirs), str(path.absolute())
     active = read_active(host)
     if active is None:
         raise errors.GputunedError(
@@ -168,13 +180,12 @@ def _apply_source(host: Host, arg: Path) -> tuple[Profile | None, dict[str, Any]
     to a daemon; a bare name (``shared-host``) names a profile in the profile directory, which
     the daemon reads itself. The daemon never opens a path a client names (issue 14, finding 7).
     """
-    from gputuned.host.userfiles import is_profile_name, named_profile
     from gputuned.profile import load_profile
 
-    if not arg.exists() and is_profile_name(str(arg)):
-        path = named_profile(host, str(arg))  # refuse an unknown name here, with the choices
+    path, dirs = _profile_path(host, arg)  # refuse an unknown name here, with the choices
+    if path != arg:
         return None, {"cmd": "apply", "name": str(arg)}, str(path)
-    profile = load_profile(arg)  # refuse a bad profile here, with its key paths
+    profile = load_profile(arg, names=dirs)  # refuse a bad profile here, with its key paths
     data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
     source = str(arg.absolute())
     return profile, {"cmd": "apply", "profile": data, "source": source}, source
@@ -193,7 +204,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         else:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
-    profile = profile if profile is not None else load_profile(path)
+    if profile is None:
+        named, dirs = _profile_path(host, Path(path))
+        profile = load_profile(named, names=dirs)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(host)
@@ -330,7 +343,7 @@ def _add_engine_commands(sub: Any) -> None:
         "profile",
         type=Path,
         metavar="PROFILE",
-        help="a profile file, or the name of one in /etc/gputuned/profiles (shared-host)",
+        help="a profile file, or a profile's name (shared-host; gputunectl list)",
     )
     _add_root(s)
     _add_json(s)
@@ -348,7 +361,11 @@ def _add_engine_commands(sub: Any) -> None:
 
     s = sub.add_parser("verify", help="compare the host with the applied profile")
     s.add_argument(
-        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+        "profile",
+        type=Path,
+        nargs="?",
+        metavar="PROFILE",
+        help="a profile file or name; default: the active one",
     )
     _add_root(s)
     _add_json(s)
@@ -377,7 +394,11 @@ def _add_engine_commands(sub: Any) -> None:
 
     s = sub.add_parser("bootargs", help="kernel arguments the profile wants, for the bootloader")
     s.add_argument(
-        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+        "profile",
+        type=Path,
+        nargs="?",
+        metavar="PROFILE",
+        help="a profile file or name; default: the active one",
     )
     _add_root(s)
     _add_json(s)
@@ -488,7 +509,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
-    s.add_argument("profile", type=Path, metavar="PROFILE")
+    s.add_argument(
+        "profile", type=Path, metavar="PROFILE", help="a profile file, or a profile's name"
+    )
     _add_root(s)
     _add_json(s)
     s.set_defaults(func=cmd_plan)
@@ -518,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_install_commands(sub)
     _add_top_command(sub)
+    from gputuned.profilecmds import add_commands
+
+    add_commands(sub, _add_root, _add_json)
     return p
 
 

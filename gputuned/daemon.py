@@ -14,6 +14,10 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
+- SIGUSR1: hand over, for an upgrade (the Debian package's prerm sends it): exit 0 leaving
+  everything applied and the journal in /run/gputuned, so the next daemon adopts it and a
+  placed server's cgroup, nice level and CPUs never change. ``systemctl restart`` is a stop
+  and a start: it reverts, then applies again.
 
 A journal left by a killed daemon is adopted when a profile is active: its entries keep the
 original values, the profile is applied on top (no untuned window), and the final revert
@@ -80,9 +84,14 @@ THREADS_A_TURN = 256
 
 
 class Daemon:
-    def __init__(self, host: Host, *, profile_path: Path | None = None) -> None:
+    def __init__(
+        self, host: Host, *, profile_path: Path | None = None, metrics_address: str | None = None
+    ) -> None:
         self.host = host
         self.profile_path = profile_path
+        #: --metrics-address: binds the metrics port there instead of [daemon] metrics_address
+        #: (a pod's IP, known only when the pod starts: deploy/kubernetes).
+        self.metrics_address = metrics_address
         self.notify = Notifier()
         self.profile: Profile | None = None
         self.source = ""
@@ -106,6 +115,8 @@ class Daemon:
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
         self.running = True
+        #: SIGUSR1: stop without reverting; the next daemon adopts the journal.
+        self.handover = False
         self.watchdog_on = True
         self.loop = Loop()
         self.lock = HostLock(host)
@@ -140,6 +151,7 @@ class Daemon:
             (signal.SIGHUP, self._on_hup),
             (signal.SIGTERM, self._on_term),
             (signal.SIGINT, self._on_term),
+            (signal.SIGUSR1, self._on_usr1),
             (signal.SIGUSR2, self._on_usr2),
         ):
             self.loop.on_signal(sig, h)
@@ -204,7 +216,7 @@ class Daemon:
             self.metrics = MetricsServer(
                 lambda: daemon_metrics(self.host, self._status()),
                 port=cfg.metrics_port or 0,
-                address=cfg.metrics_address,
+                address=self.metrics_address or cfg.metrics_address,
                 allowed=metrics_allowed(cfg.metrics_allow),
             )
         except errors.GputunedError as exc:
@@ -270,14 +282,23 @@ class Daemon:
             log.exception("daemon: %s failed; the daemon goes on", what)
 
     def stop(self) -> int:
-        self.notify.send("STOPPING=1", "STATUS=reverting")
+        if self.handover:
+            self.notify.send("STOPPING=1", "STATUS=handing over to the next gputuned")
+        else:
+            self.notify.send("STOPPING=1", "STATUS=reverting")
         skip = (
             self.profile is not None
             and not self.profile.daemon.revert_on_shutdown
             and system_stopping()
         )
         failed = 0
-        if skip:
+        if self.handover:
+            log.info(
+                "daemon: handing over: %d journaled value(s) stay applied; the next gputuned "
+                "adopts them (gputunectl revert puts them back if none starts)",
+                len(self.journal) if self.journal is not None else 0,
+            )
+        elif skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
             rep = revert_all(self.host, forget_profile=False, lock=False, journal=self.journal)
@@ -632,6 +653,11 @@ class Daemon:
         log.info("daemon: %s: stopping", signal.Signals(sig).name)
         self.running = False
 
+    def _on_usr1(self, _sig: int) -> None:
+        log.info("daemon: SIGUSR1: handing over to the next gputuned (an upgrade)")
+        self.handover = True
+        self.running = False
+
     def _on_usr2(self, _sig: int) -> None:
         log.warning("daemon: SIGUSR2: no more watchdog pings; systemd will restart this daemon")
         self.watchdog_on = False
@@ -854,21 +880,45 @@ def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     from gputuned.cli import host_root
 
-    p = argparse.ArgumentParser(prog="gputuned", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="gputuned", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
     p.add_argument(
         "--root", type=host_root, default=Path("/"), help="run against a host tree (absolute path)"
     )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
+    p.add_argument(
+        "--metrics-address",
+        type=_ip_address,
+        metavar="ADDRESS",
+        help="bind [daemon] metrics_port to this IP address instead of metrics_address (a "
+        "Kubernetes pod's IP, from the downward API)",
+    )
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
-    args = p.parse_args(argv)
+    return p
+
+
+def _ip_address(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address; give one such as 10.1.2.3"
+        ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
     log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
-    d = Daemon(Host(args.root), profile_path=args.profile)
+    d = Daemon(Host(args.root), profile_path=args.profile, metrics_address=args.metrics_address)
     try:
         d.start()
     except errors.GputunedError as exc:

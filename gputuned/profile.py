@@ -7,7 +7,10 @@ node, ...), so one profile fits hosts of different shapes.
 
 Includes: `include = ["base.toml"]` loads those files first (paths relative to the including
 file, beside it or below its folder: not absolute, no `..`), then this file's keys override
-theirs. Tables are merged key by key, except that a set
+theirs. An entry without `.toml` and without `/` (`include = ["shared-host"]`) is a profile's
+name instead, looked up like `gputunectl plan NAME`: /etc/gputuned/profiles, then the shipped
+profiles (gputuned/host/profiledirs.py); never the including file itself, so a user profile
+named like a shipped one can include it and override a few keys. Tables are merged key by key, except that a set
 under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
 arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot
 remove a key; override it with `"keep"` where the key allows that. Include cycles are rejected.
@@ -47,6 +50,7 @@ from gputuned.cpusets import PARTITION_MODES as _PARTITION_MODES
 from gputuned.cpusets import CpuSetSpec, check_partitions, overlaps, set_refs, static_cpus
 from gputuned.daemon_config import Config as DaemonConfig
 from gputuned.errors import ProfileError
+from gputuned.host.profiledirs import ProfileDirs, is_profile_name
 from gputuned.host.userfiles import read_user_file
 from gputuned.tuners import bootargs, cpuset, irq, pcie_aspm, pcie_payload, process
 from gputuned.tuners.bootargs import Config as BootargsConfig
@@ -107,10 +111,12 @@ class Profile(BaseModel):
 # -- loading ---------------------------------------------------------------------------------
 
 
-def load_profile(path: str | Path) -> Profile:
-    """Read, merge (includes) and check the profile at ``path``; raise ProfileError if invalid."""
+def load_profile(path: str | Path, *, names: ProfileDirs | None = None) -> Profile:
+    """Read, merge (includes) and check the profile at ``path``; raise ProfileError if invalid.
+
+    ``names``: where includes by name are looked up (default: this machine's folders)."""
     path = Path(path)
-    data, includes = _load_tree(path, read_user_file(path), ())
+    data, includes = _load_tree(path, read_user_file(path), (), names)
     if includes:
         data["include"] = includes
     return parse_profile(data, str(path))
@@ -128,7 +134,9 @@ def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
         raise ProfileError(source, exc.problems) from None
 
 
-def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[str, Any], list[str]]:
+def _load_tree(
+    path: Path, raw: bytes, chain: tuple[Path, ...], names: ProfileDirs | None
+) -> tuple[dict[str, Any], list[str]]:
     data = _parse_toml(path, raw)
     includes = data.pop("include", [])
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
@@ -146,7 +154,10 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
                 f"{name[:80]!r}: name a file beside this profile or below its folder, without '..'"
             )
             raise ProfileError(str(path), [(f"include[{i}]", msg)])
-        target = path.parent / name
+        try:
+            target = _include_target(path, name, names)
+        except ProfileError as exc:
+            raise ProfileError(str(path), [(f"include[{i}]", exc.problems[0][1])]) from None
         if _identity(target) in {_identity(p) for p in here}:
             cycle = " -> ".join(str(p) for p in (*here, target))
             raise ProfileError(
@@ -162,9 +173,24 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
         except ProfileError as exc:
             problem = (f"include[{i}]", f"{target}: {exc.problems[0][1]}")
             raise ProfileError(str(path), [problem]) from exc
-        sub, _ = _load_tree(target, sub_raw, here)
+        sub, _ = _load_tree(target, sub_raw, here, names)
         merged = _merge(merged, sub)
     return _merge(merged, data), includes
+
+
+def _include_target(path: Path, name: str, names: ProfileDirs | None) -> Path:
+    """The file ``include`` entry ``name`` of ``path`` means: a profile's name (no ``.toml``,
+    no folder) is looked up by name, anything else is a file beside ``path`` or below."""
+    if name.endswith(".toml") or not is_profile_name(name):
+        return path.parent / name
+    if names is None:
+        from gputuned.host import Host
+
+        names = ProfileDirs.for_host(Host(Path("/")))
+    try:
+        return names.find(name, skip=path)
+    except ProfileError as exc:
+        raise ProfileError(name, [("", f"{name!r}: {exc.problems[0][1]}")]) from None
 
 
 _TOO_DEEP = f"tables and arrays nest deeper than {MAX_NESTING} levels; no profile needs that"

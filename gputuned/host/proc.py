@@ -178,9 +178,26 @@ def user_id(host: Host, name: str) -> int | None:
             return pwd.getpwnam(name).pw_uid
         except KeyError:
             return None
-    text = host.read_optional("/etc/passwd") or ""
-    for line in text.splitlines():
+    return next((uid for n, uid in _passwd(host) if n == name), None)
+
+
+def user_name(host: Host, uid: int) -> str | None:
+    """The account name of ``uid`` (the reverse of :func:`user_id`), None when there is none."""
+    if host.live:
+        import pwd
+
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return None
+    return next((n for n, u in _passwd(host) if u == uid), None)
+
+
+def _passwd(host: Host) -> list[tuple[str, int]]:
+    """(name, UID) of each account in a tree's /etc/passwd."""
+    out = []
+    for line in (host.read_optional("/etc/passwd") or "").splitlines():
         fields = line.split(":")
-        if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
-            return int(fields[2])
-    return None
+        if len(fields) >= 3 and fields[2].isdigit():
+            out.append((fields[0], int(fields[2])))
+    return out
