@@ -58,7 +58,7 @@ def fault_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- how long each part of the suite took (scripts/test prints it with lint and types) --------
 
 #: Parts of the suite by path: the folder under tests/, and each lane (a module of tests/e2e).
-_LANES = {"test_nspawn.py": "lane nspawn", "test_vm.py": "lane qemu"}
+_LANES = {"test_nspawn.py": "lane nspawn", "test_vm.py": "lane qemu", "test_deb.py": "lane deb"}
 _part_seconds: dict[str, float] = {}
 _part_outcomes: dict[str, dict[str, int]] = {}
 

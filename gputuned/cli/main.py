@@ -159,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
-    s.add_argument("profile", type=Path, metavar="PROFILE")
+    s.add_argument(
+        "profile", type=Path, metavar="PROFILE", help="a profile file, or a profile's name"
+    )
     add_root(s)
     add_json(s)
     s.set_defaults(func=cmd_plan)
@@ -189,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_install_commands(sub)
     _add_top_command(sub)
+    from gputuned.cli.profilecmds import add_commands
+
+    add_commands(sub, add_root, add_json)
     return p
 
 

@@ -25,14 +25,17 @@ from gputuned.store.state import ACTIVE, GRUB_DROPIN, check_state_files
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile
+    from gputuned.store.profiledirs import ProfileDirs
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from gputuned.engine.plan import plan_profile
     from gputuned.profile.load import load_profile
 
-    profile = load_profile(args.profile)
-    result = plan_profile(root.open_kernel(args.root), profile, allow_blocked=True)
+    kernel = root.open_kernel(args.root)
+    path, dirs = _profile_path(kernel, args.profile)
+    profile = load_profile(path, names=dirs)
+    result = plan_profile(kernel, profile, allow_blocked=True)
     if args.json:
         print_json(result.to_json())
     else:
@@ -41,13 +44,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return result.blocked_error().exit_code if result.blocked else 0
 
 
+def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
+    """PROFILE as given on the command line: a file, else a profile's name (gputunectl list)."""
+    from gputuned.store.profiledirs import ProfileDirs
+
+    dirs = ProfileDirs.for_host(kernel)
+    return dirs.resolve(arg), dirs
+
+
 def _profile_for(kernel: Kernel, arg: Path | None) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
     from gputuned.engine.apply import read_active
     from gputuned.profile.load import load_profile, parse_profile
 
     if arg is not None:
-        return load_profile(arg), str(arg.absolute())
+        path, dirs = _profile_path(kernel, arg)
+        return load_profile(path, names=dirs), str(path.absolute())
     active = read_active(kernel)
     if active is None:
         raise errors.GputunedError(
@@ -89,12 +101,11 @@ def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, 
     the daemon reads itself. The daemon never opens a path a client names (issue 14, finding 7).
     """
     from gputuned.profile.load import load_profile
-    from gputuned.store.userfiles import is_profile_name, named_profile
 
-    if not arg.exists() and is_profile_name(str(arg)):
-        path = named_profile(kernel, str(arg))  # refuse an unknown name here, with the choices
+    path, dirs = _profile_path(kernel, arg)  # refuse an unknown name here, with the choices
+    if path != arg:
         return None, {"cmd": "apply", "name": str(arg)}, str(path)
-    profile = load_profile(arg)  # refuse a bad profile here, with its key paths
+    profile = load_profile(arg, names=dirs)  # refuse a bad profile here, with its key paths
     data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
     source = str(arg.absolute())
     return profile, {"cmd": "apply", "profile": data, "source": source}, source
@@ -113,7 +124,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         else:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
-    profile = profile if profile is not None else load_profile(path)
+    if profile is None:
+        named, dirs = _profile_path(kernel, Path(path))
+        profile = load_profile(named, names=dirs)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(kernel)
@@ -250,7 +263,7 @@ def add_tuning_commands(sub: Any) -> None:
         "profile",
         type=Path,
         metavar="PROFILE",
-        help="a profile file, or the name of one in /etc/gputuned/profiles (shared-host)",
+        help="a profile file, or a profile's name (shared-host; gputunectl list)",
     )
     add_root(s)
     add_json(s)
@@ -268,7 +281,11 @@ def add_tuning_commands(sub: Any) -> None:
 
     s = sub.add_parser("verify", help="compare the host with the applied profile")
     s.add_argument(
-        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+        "profile",
+        type=Path,
+        nargs="?",
+        metavar="PROFILE",
+        help="a profile file or name; default: the active one",
     )
     add_root(s)
     add_json(s)
@@ -297,7 +314,11 @@ def add_tuning_commands(sub: Any) -> None:
 
     s = sub.add_parser("bootargs", help="kernel arguments the profile wants, for the bootloader")
     s.add_argument(
-        "profile", type=Path, nargs="?", metavar="PROFILE", help="default: the active one"
+        "profile",
+        type=Path,
+        nargs="?",
+        metavar="PROFILE",
+        help="a profile file or name; default: the active one",
     )
     add_root(s)
     add_json(s)

@@ -14,6 +14,10 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).
+- SIGUSR1: hand over, for an upgrade (the Debian package's prerm sends it): exit 0 leaving
+  everything applied and the journal in /run/gputuned, so the next daemon adopts it and a
+  placed server's cgroup, nice level and CPUs never change. ``systemctl restart`` is a stop
+  and a start: it reverts, then applies again.
 
 A journal left by a killed daemon is adopted when a profile is active: its entries keep the
 original values, the profile is applied on top (no untuned window), and the final revert

@@ -23,7 +23,7 @@ from gputuned.profile.load import load_profile, parse_profile
 from gputuned.profile.model import Profile
 from gputuned.service.controlproto import PeerCred
 from gputuned.service.httpmetrics import Allowed
-from gputuned.store.userfiles import PROFILE_DIR, named_profile
+from gputuned.store.profiledirs import USER_DIR, ProfileDirs
 from gputuned.textsafe import printable
 
 #: A verify other than root's is answered from one at most this old: each is a full plan.
@@ -43,8 +43,9 @@ def profile_from_request(
     """(profile, source to show, file to re-read on SIGHUP) for an ``apply`` request."""
     name, data = req.get("name"), req.get("profile")
     if isinstance(name, str):
-        path = named_profile(kernel, name)
-        return load_profile(path), str(path), str(path)
+        dirs = ProfileDirs.for_host(kernel)
+        path = dirs.find(name)
+        return load_profile(path, names=dirs), str(path), str(path)
     if isinstance(data, dict):
         given = req.get("source")
         shown = printable(given)[:200] if isinstance(given, str) else "a profile"
@@ -53,11 +54,11 @@ def profile_from_request(
     if isinstance(data, str):
         raise errors.GputunedError(
             "this daemon opens no file a client names: send the profile itself (gputunectl "
-            f"apply PATH does) or the name of one in {PROFILE_DIR} (gputunectl apply NAME)"
+            "apply PATH does) or a profile's name (gputunectl apply NAME; gputunectl list)"
         )
     raise errors.GputunedError(
         'apply needs "profile" (the profile, as gputunectl apply sends it) or "name" (one in '
-        f"{PROFILE_DIR})"
+        f"{USER_DIR} or the shipped ones: gputunectl list)"
     )
 
 

@@ -9,17 +9,9 @@ import time
 from typing import Any
 
 from gputuned import __version__, errors
-from gputuned.daemon.access import (
-    VERIFY_CACHE_S,
-    profile_from_request,
-    request_flag,
-)
+from gputuned.daemon.access import VERIFY_CACHE_S, profile_from_request, request_flag
 from gputuned.daemon.keeper import Keeper
-from gputuned.engine.apply import (
-    read_state,
-    restore_processes,
-    revert_all,
-)
+from gputuned.engine.apply import read_state, restore_processes, revert_all
 from gputuned.engine.plan import plan_profile, read_context
 from gputuned.engine.verify import verify_plan
 from gputuned.kernel import Kernel

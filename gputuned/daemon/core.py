@@ -9,15 +9,10 @@ import time
 from collections.abc import Callable
 
 from gputuned import errors
-from gputuned.daemon.access import (
-    metrics_allowed,
-)
+from gputuned.daemon.access import metrics_allowed
 from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.daemon.control import ControlHandlers, _pid
-from gputuned.engine.apply import (
-    forget_process,
-    revert_all,
-)
+from gputuned.engine.apply import forget_process, revert_all
 from gputuned.engine.journal import Journal
 from gputuned.kernel.live import set_own_realtime
 from gputuned.profile.model import Profile
@@ -48,6 +43,7 @@ class Daemon(ControlHandlers):
             (signal.SIGHUP, self._on_hup),
             (signal.SIGTERM, self._on_term),
             (signal.SIGINT, self._on_term),
+            (signal.SIGUSR1, self._on_usr1),
             (signal.SIGUSR2, self._on_usr2),
         ):
             self.loop.on_signal(sig, h)
@@ -112,7 +108,7 @@ class Daemon(ControlHandlers):
             self.metrics = MetricsServer(
                 lambda: daemon_metrics(self.kernel, self._status()),
                 port=cfg.metrics_port or 0,
-                address=cfg.metrics_address,
+                address=self.metrics_address or cfg.metrics_address,
                 allowed=metrics_allowed(cfg.metrics_allow),
             )
         except errors.GputunedError as exc:
@@ -178,14 +174,23 @@ class Daemon(ControlHandlers):
             log.exception("daemon: %s failed; the daemon goes on", what)
 
     def stop(self) -> int:
-        self.notify.send("STOPPING=1", "STATUS=reverting")
+        if self.handover:
+            self.notify.send("STOPPING=1", "STATUS=handing over to the next gputuned")
+        else:
+            self.notify.send("STOPPING=1", "STATUS=reverting")
         skip = (
             self.profile is not None
             and not self.profile.daemon.revert_on_shutdown
             and system_stopping()
         )
         failed = 0
-        if skip:
+        if self.handover:
+            log.info(
+                "daemon: handing over: %d journaled value(s) stay applied; the next gputuned "
+                "adopts them (gputunectl revert puts them back if none starts)",
+                len(self.journal) if self.journal is not None else 0,
+            )
+        elif skip:
             log.info("daemon: system shutdown and revert_on_shutdown = false: not reverting")
         else:
             rep = revert_all(self.kernel, forget_profile=False, lock=False, journal=self.journal)
@@ -313,6 +318,11 @@ class Daemon(ControlHandlers):
 
     def _on_term(self, sig: int) -> None:
         log.info("daemon: %s: stopping", signal.Signals(sig).name)
+        self.running = False
+
+    def _on_usr1(self, _sig: int) -> None:
+        log.info("daemon: SIGUSR1: handing over to the next gputuned (an upgrade)")
+        self.handover = True
         self.running = False
 
     def _on_usr2(self, _sig: int) -> None:

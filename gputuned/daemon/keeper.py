@@ -47,9 +47,18 @@ class Keeper:
     answers control requests on top of it, and :class:`~gputuned.daemon.core.Daemon` adds
     the life cycle and the event sources."""
 
-    def __init__(self, kernel: Kernel, *, profile_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        profile_path: Path | None = None,
+        metrics_address: str | None = None,
+    ) -> None:
         self.kernel = kernel
         self.profile_path = profile_path
+        #: --metrics-address: binds the metrics port there instead of [daemon] metrics_address
+        #: (a pod's IP, known only when the pod starts: deploy/kubernetes).
+        self.metrics_address = metrics_address
         self.notify = Notifier()
         self.profile: Profile | None = None
         self.source = ""
@@ -73,6 +82,8 @@ class Keeper:
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
         self.running = True
+        #: SIGUSR1: stop without reverting; the next daemon adopts the journal.
+        self.handover = False
         self.watchdog_on = True
         self.loop = Loop()
         self.lock = HostLock(kernel)

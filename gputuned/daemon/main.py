@@ -15,10 +15,10 @@ from gputuned.service.notify import Notifier, setup_logging
 log = logging.getLogger("gputuned")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputuned",
-        description="``gputuned``: the long-running service that keeps a profile applied.",
+        description="gputuned: the long-running service that keeps a profile applied.",
     )
     p.add_argument("--version", action="version", version=f"gputuned {__version__}")
     p.add_argument(
@@ -28,12 +28,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run against a host tree (absolute path)",
     )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
+    p.add_argument(
+        "--metrics-address",
+        type=_ip_address,
+        metavar="ADDRESS",
+        help="bind [daemon] metrics_port to this IP address instead of metrics_address (a "
+        "Kubernetes pod's IP, from the downward API)",
+    )
     p.add_argument("--foreground", action="store_true", help="accepted; gputuned never forks")
     p.add_argument("--debug", action="store_true", help="debug logging")
-    args = p.parse_args(argv)
+    return p
+
+
+def _ip_address(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address; give one such as 10.1.2.3"
+        ) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     where = setup_logging(debug=args.debug, to_journal=Notifier().enabled)
     log.info("daemon: gputuned %s starting on %s, logging to %s", __version__, args.root, where)
-    d = Daemon(root.open_kernel(args.root), profile_path=args.profile)
+    d = Daemon(
+        root.open_kernel(args.root),
+        profile_path=args.profile,
+        metrics_address=args.metrics_address,
+    )
     try:
         d.start()
     except errors.GputunedError as exc:

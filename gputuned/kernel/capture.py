@@ -177,8 +177,8 @@ def _capture_into(
     _capture_pci(kernel, w)
     say("IRQs")
     _copy(kernel, w, "/proc/cmdline")
-    _copy(kernel, w, "/proc/mounts", _filter_mounts)
-    _copy(kernel, w, MOUNTINFO, _filter_mountinfo)
+    _copy(kernel, w, "/proc/mounts", _stable_mounts if stable else _filter_mounts)
+    _copy(kernel, w, MOUNTINFO, _stable_mountinfo if stable else _filter_mountinfo)
     _copy(kernel, w, "/proc/interrupts", _zero_counts if stable else None)
     _copy(kernel, w, "/proc/irq/default_smp_affinity")
     for irq in sorted((n for n in _list(kernel, "/proc/irq") if n.isdigit()), key=int):
@@ -267,6 +267,35 @@ def _filter_mountinfo(data: bytes) -> bytes:
         if ln.partition(" - ")[2].split()[:1] in (["cgroup"], ["cgroup2"])
     ]
     return ("\n".join(keep) + "\n").encode() if keep else b""
+
+
+def _by_point(lines: list[str], field: int) -> list[str]:
+    """Lines sorted by mount point; mounts on one point keep their order (the last covers)."""
+    return sorted(lines, key=lambda ln: ln.split()[field])
+
+
+def _stable_mounts(data: bytes) -> bytes:
+    lines = _by_point(_filter_mounts(data).decode().splitlines(), 1)
+    return ("\n".join(lines) + "\n").encode() if lines else b""
+
+
+def _stable_mountinfo(data: bytes) -> bytes:
+    """:func:`_filter_mountinfo`, less what a new mount namespace or a reboot changes by
+    itself (proc(5)): the order of mounts on different points (systemd mounts the cgroup v1
+    hierarchies in no fixed order), mount IDs and parents (1, 2, ... in the sorted order), the
+    device number (0:0) and the optional fields (peer groups: shared:N, master:N). What
+    gputuned reads of a line (point, options, type, source, super options) stays (issue 19: the
+    package lane compares captures taken before the install and after a reboot and the purge)."""
+    lines = _by_point(_filter_mountinfo(data).decode().splitlines(), 4)
+    ids = {ln.split()[0]: str(i) for i, ln in enumerate(lines, 1)}
+    out = []
+    for ln in lines:
+        pre, _, post = ln.partition(" - ")
+        head = pre.split()
+        out.append(
+            f"{ids[head[0]]} {ids.get(head[1], '0')} 0:0 {head[3]} {head[4]} {head[5]} - {post}"
+        )
+    return ("\n".join(out) + "\n").encode() if out else b""
 
 
 def _capture_pci(kernel: Kernel, w: _Writer) -> None:

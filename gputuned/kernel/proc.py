@@ -153,3 +153,21 @@ def iter_processes(
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     return out
+
+
+def user_name(kernel: Kernel, uid: int) -> str | None:
+    """The account name of ``uid`` (the reverse of :meth:`Kernel.user_id`), None when there is
+    none: the machine asks the system's user database (NSS: /etc/passwd, LDAP, ...); a tree
+    has only its /etc/passwd (passwd(5): name:password:UID:GID:...)."""
+    if kernel.runs_gputuned:
+        import pwd
+
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return None
+    for line in (kernel.read_optional("/etc/passwd") or "").splitlines():
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[2].isdigit() and int(fields[2]) == uid:
+            return fields[0]
+    return None

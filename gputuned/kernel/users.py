@@ -50,3 +50,13 @@ class GroupCache:
             self._seen.clear()
         self._seen[uid] = (now, gids)
         return gids
+
+
+def asking_uids() -> frozenset[int]:
+    """The user running this command, and the one sudo ran it for (SUDO_UID): an admin's own
+    shell is not other work on the host (gputunectl recommend)."""
+    uids = {os.getuid()}
+    sudo = os.environ.get("SUDO_UID", "")
+    if sudo.isdigit():
+        uids.add(int(sudo))
+    return frozenset(uids)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from gputuned.errors import ProfileError
 from gputuned.profile.messages import problems_from
 from gputuned.profile.model import Profile
+from gputuned.store.profiledirs import ProfileDirs, is_profile_name
 from gputuned.store.userfiles import read_user_file
 
 _MAX_INCLUDE_DEPTH = 16
@@ -25,10 +26,12 @@ _MAX_INCLUDE_DEPTH = 16
 MAX_NESTING = 32
 
 
-def load_profile(path: str | Path) -> Profile:
-    """Read, merge (includes) and check the profile at ``path``; raise ProfileError if invalid."""
+def load_profile(path: str | Path, *, names: ProfileDirs | None = None) -> Profile:
+    """Read, merge (includes) and check the profile at ``path``; raise ProfileError if invalid.
+
+    ``names``: where includes by name are looked up (default: this machine's folders)."""
     path = Path(path)
-    data, includes = _load_tree(path, read_user_file(path), ())
+    data, includes = _load_tree(path, read_user_file(path), (), names)
     if includes:
         data["include"] = includes
     return parse_profile(data, str(path))
@@ -46,7 +49,9 @@ def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
         raise ProfileError(source, exc.problems) from None
 
 
-def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[str, Any], list[str]]:
+def _load_tree(
+    path: Path, raw: bytes, chain: tuple[Path, ...], names: ProfileDirs | None
+) -> tuple[dict[str, Any], list[str]]:
     data = _parse_toml(path, raw)
     includes = data.pop("include", [])
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
@@ -64,7 +69,10 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
                 f"{name[:80]!r}: name a file beside this profile or below its folder, without '..'"
             )
             raise ProfileError(str(path), [(f"include[{i}]", msg)])
-        target = path.parent / name
+        try:
+            target = _include_target(path, name, names)
+        except ProfileError as exc:
+            raise ProfileError(str(path), [(f"include[{i}]", exc.problems[0][1])]) from None
         if _identity(target) in {_identity(p) for p in here}:
             cycle = " -> ".join(str(p) for p in (*here, target))
             raise ProfileError(
@@ -80,9 +88,24 @@ def _load_tree(path: Path, raw: bytes, chain: tuple[Path, ...]) -> tuple[dict[st
         except ProfileError as exc:
             problem = (f"include[{i}]", f"{target}: {exc.problems[0][1]}")
             raise ProfileError(str(path), [problem]) from exc
-        sub, _ = _load_tree(target, sub_raw, here)
+        sub, _ = _load_tree(target, sub_raw, here, names)
         merged = _merge(merged, sub)
     return _merge(merged, data), includes
+
+
+def _include_target(path: Path, name: str, names: ProfileDirs | None) -> Path:
+    """The file ``include`` entry ``name`` of ``path`` means: a profile's name (no ``.toml``,
+    no folder) is looked up by name, anything else is a file beside ``path`` or below."""
+    if name.endswith(".toml") or not is_profile_name(name):
+        return path.parent / name
+    if names is None:
+        from gputuned.kernel.live import LiveKernel
+
+        names = ProfileDirs.for_host(LiveKernel())
+    try:
+        return names.find(name, skip=path)
+    except ProfileError as exc:
+        raise ProfileError(name, [("", f"{name!r}: {exc.problems[0][1]}")]) from None
 
 
 _TOO_DEEP = f"tables and arrays nest deeper than {MAX_NESTING} levels; no profile needs that"

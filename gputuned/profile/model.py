@@ -7,7 +7,10 @@ node, ...), so one profile fits hosts of different shapes.
 
 Includes: `include = ["base.toml"]` loads those files first (paths relative to the including
 file, beside it or below its folder: not absolute, no `..`), then this file's keys override
-theirs. Tables are merged key by key, except that a set
+theirs. An entry without `.toml` and without `/` (`include = ["shared-host"]`) is a profile's
+name instead, looked up like `gputunectl plan NAME`: /etc/gputuned/profiles, then the shipped
+profiles (gputuned/store/profiledirs.py); never the including file itself, so a user profile
+named like a shipped one can include it and override a few keys. Tables are merged key by key, except that a set
 under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
 arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot
 remove a key; override it with `"keep"` where the key allows that. Include cycles are rejected.

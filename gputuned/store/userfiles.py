@@ -9,45 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gputuned.errors import ProfileError
 
-if TYPE_CHECKING:
-    from gputuned.kernel import Kernel
-
 #: Profiles are a few KiB; anything near this is not one (a log, /proc/kcore).
 MAX_USER_FILE = 1 << 20
-#: Where ``install-system`` puts the shipped profiles; ``gputunectl apply NAME`` and the
-#: daemon's ``apply`` by name look here (under the host root).
-PROFILE_DIR = "/etc/gputuned/profiles"
-_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}(\.toml)?")
-
-
-def is_profile_name(text: str) -> bool:
-    """A bare name such as ``shared-host`` (no directory, no ``..``), as opposed to a path."""
-    return bool(_PROFILE_NAME.fullmatch(text))
-
-
-def named_profile(kernel: Kernel, name: str) -> Path:
-    """The file of profile ``name`` in :data:`PROFILE_DIR`; ProfileError if there is none."""
-    if not is_profile_name(name):
-        msg = "not a profile name: letters, digits, '_' and '-' (and '.toml'), no directory"
-        raise ProfileError(name[:80], [("", msg)])
-    stem = name.removesuffix(".toml")
-    path = kernel.path(f"{PROFILE_DIR}/{stem}.toml")
-    if not path.is_file():
-        try:
-            have = sorted(p.stem for p in kernel.path(PROFILE_DIR).glob("*.toml"))
-        except OSError:
-            have = []
-        where = f"{PROFILE_DIR}: {', '.join(have)}" if have else f"none in {PROFILE_DIR}"
-        raise ProfileError(stem, [("", f"no such profile; installed profiles: {where}")])
-    return path
 
 
 def read_user_file(path: str | Path) -> bytes:

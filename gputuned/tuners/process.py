@@ -96,12 +96,7 @@ from pydantic import (
 
 from gputuned.settings.threads import policy_value
 from gputuned.tuners.cmdmatch import check_pattern
-from gputuned.tuners.proctree import (
-    Claim,
-    claim_processes,
-    matches,
-    owner_key,
-)
+from gputuned.tuners.proctree import Claim, claim_processes, matches, owner_key
 
 __all__ = [
     "Claim",

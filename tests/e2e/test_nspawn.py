@@ -17,7 +17,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from tests.e2e.nspawn.harness import E2E_DIR, VENV, Container, RunRoot, checking
 
 HERE = Path(__file__).resolve().parent / "nspawn"
 UNIT = "gputuned.service"
-WORKLOAD = "gputuned-e2e-workload.service"
+WORKLOAD = harness.WORKLOAD
 PROFILE = "/etc/gputuned/profiles/e2e.toml"
 PROBE_OUT = "/run/gputuned-e2e-probe.json"
 #: The groups and users e2e.toml's [daemon] names: a control-group member, a scraper the
@@ -49,35 +48,7 @@ NOT_SANDBOX |= {"RestartSec"}
 MAX_EXPOSURE = 4.0
 
 
-@dataclass
-class World:
-    ct: Container
-    rr: RunRoot
-    passed: set[str] = field(default_factory=set)
-    facts: dict[str, object] = field(default_factory=dict)
-
-    def need(self, *steps: str) -> None:
-        for s in steps:
-            if s not in self.passed:
-                pytest.fail(f"not checked: needs the step {s!r}, which failed or did not run")
-
-    # ---- the workload's placement, as the kernel reports it ----
-
-    def workload_pid(self) -> int:
-        pid = int(self.ct.show(WORKLOAD, "MainPID")["MainPID"])
-        assert pid > 0, f"{WORKLOAD} is not running"
-        return pid
-
-    def placement(self) -> tuple[int, str]:
-        """(nice, Cpus_allowed_list) of the workload's process."""
-        pid = self.workload_pid()
-        stat = self.ct.run("cat", f"/proc/{pid}/stat").out
-        nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
-        status = self.ct.run("cat", f"/proc/{pid}/status").out
-        cpus = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
-        assert cpus, status
-        return nice, cpus.group(1)
-
+class World(harness.Scenario):
     def wait_for(
         self, what: str, probe: Callable[[], object], want: object, timeout: float = 15
     ) -> None:

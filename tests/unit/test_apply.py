@@ -449,3 +449,31 @@ def test_irq_writes_are_journaled_with_one_fsync(
     assert unsynced and set(unsynced) <= placement_kinds(), unsynced
     assert len(synced) + len(unsynced) == len(report.written) - batches[0] + 1
     assert revert_all(tree_kernel(root)).failed == []
+
+
+def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: Path) -> None:
+    """Mount IDs, device numbers, peer groups and the order of mounts change with every boot
+    (the deb lane compares captures across a reboot, issue 19); --stable leaves them out, and
+    the tree still works."""
+    from gputuned.kernel import mounts
+    from gputuned.kernel.capture import capture
+
+    root = tree_copy("h200-captured", tmp_path)
+    info = root / "proc/self/mountinfo"
+    original = info.read_text()
+    v1 = [f"{n} 30 0:{n} / /sys/fs/cgroup/{c} ro,relatime - cgroup cgroup rw,{c}\n"
+          for n, c in ((40, "cpu"), (41, "memory"))]  # fmt: skip
+    info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original + "".join(v1))
+    capture(tree_kernel(root), tmp_path / "a", stable=True)
+    info.write_text(
+        "61 1 0:33 / / rw,relatime - overlay overlay rw\n"
+        + "".join(reversed(v1)).replace("40 30 0:40", "52 31 0:55")
+        + original.replace("32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime -",
+                           "57 61 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
+    )  # fmt: skip
+    capture(tree_kernel(root), tmp_path / "b", stable=True)
+    capture(tree_kernel(root), tmp_path / "c")
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert "shared:9" in (tmp_path / "c/proc/self/mountinfo").read_text()  # only --stable drops it
+    m = mounts.find(tree_kernel(tmp_path / "b"), "/sys/fs/cgroup", "cgroup2")
+    assert m.super_options == "rw,nsdelegate,memory_recursiveprot"

@@ -489,3 +489,60 @@ def test_realtime_priority_bounds(tmp_path: Path, priority: int) -> None:
 
     with pytest.raises(GputunedError, match="realtime_priority"):
         load_profile(_realtime_profile(tmp_path, priority))
+
+
+def test_sigusr1_hands_over_to_the_next_daemon_without_a_write(
+    tmp_path: Path, events: Events
+) -> None:
+    """An upgrade's handover (issue 19): the old daemon exits leaving the host tuned, the new
+    one adopts the journal without one write, and its stop restores the originals."""
+    root = tree_copy("h200-captured", tmp_path)
+    before = digest(root)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    tuned = digest(root)
+    assert tuned != before
+    events.clear()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    d.loop.run_once(1.0)
+    assert d.running is False and d.handover
+    assert d.stop() == 0
+    assert not [e for e in events if e[0] == "write"], "a handover writes nothing"
+    assert ("notify", "STOPPING=1") in events
+    assert digest(root) == tuned and (root / JOURNAL.lstrip("/")).is_file()
+    # the next daemon: same profile file, adopts, writes nothing, and reverts at its stop
+    events.clear()
+    d2 = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d2.start()
+    assert not [e for e in events if e[0] == "write"], "adopting: no untuned window, no writes"
+    assert d2.stop() == 0
+    assert digest(root) == before
+
+
+def test_metrics_address_option_binds_there(tmp_path: Path, events: Events) -> None:
+    """gputuned --metrics-address (a pod's IP in deploy/kubernetes) overrides [daemon]
+    metrics_address; 127.0.0.2 stands in for it (all of 127/8 is loopback on Linux)."""
+    import socket
+
+    from gputuned.daemon.main import build_parser
+
+    assert build_parser().parse_args(["--metrics-address", "127.0.0.2"]).metrics_address == (
+        "127.0.0.2"
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--metrics-address", "pod-ip"])
+    root = tree_copy("h200-captured", tmp_path)
+    prof = profile_file(tmp_path)
+    prof.write_text(prof.read_text() + "\n[daemon]\nmetrics_port = 1\n")  # replaced below
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    prof.write_text(prof.read_text().replace("metrics_port = 1", f"metrics_port = {port}"))
+    d = Daemon(tree_kernel(root), profile_path=prof, metrics_address="127.0.0.2")
+    d.start()
+    try:
+        assert d.metrics is not None and d.metrics._sock.getsockname() == ("127.0.0.2", port)
+        with pytest.raises(OSError):  # not on the profile's 127.0.0.1
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        d.stop()

@@ -659,6 +659,53 @@ class Container:
         return self.root / inside.lstrip("/")
 
 
+def main_pid(ct: Container, unit: str) -> int:
+    """The main process of a unit in the container; fails when it is not running."""
+    pid = int(ct.show(unit, "MainPID")["MainPID"])
+    if pid <= 0:
+        raise E2EError(f"{unit} is not running")
+    return pid
+
+
+def placement(ct: Container, pid: int) -> tuple[int, str]:
+    """(nice, Cpus_allowed_list) of a process in the container, as its kernel reports them."""
+    stat = ct.run("cat", f"/proc/{pid}/stat").out
+    nice = int(stat.rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
+    status = ct.run("cat", f"/proc/{pid}/status").out
+    for line in status.splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return nice, line.split(":", 1)[1].strip()
+    raise E2EError(f"no Cpus_allowed_list in /proc/{pid}/status:\n{status}")
+
+
+#: The stand-in for an inference server in the lanes' containers (nspawn/gputuned-e2e-workload.service).
+WORKLOAD = "gputuned-e2e-workload.service"
+
+
+@dataclass
+class Scenario:
+    """What a lane's steps share: the container, the steps that passed, facts for later."""
+
+    ct: Container
+    rr: RunRoot
+    passed: set[str] = field(default_factory=set)
+    facts: dict[str, object] = field(default_factory=dict)
+
+    def need(self, *steps: str) -> None:
+        import pytest
+
+        for s in steps:
+            if s not in self.passed:
+                pytest.fail(f"not checked: needs the step {s!r}, which failed or did not run")
+
+    def workload_pid(self) -> int:
+        return main_pid(self.ct, WORKLOAD)
+
+    def placement(self) -> tuple[int, str]:
+        """(nice, Cpus_allowed_list) of the workload's process, as the kernel reports them."""
+        return placement(self.ct, self.workload_pid())
+
+
 @contextlib.contextmanager
 def booted_container(workdir: Path, progress: list[str]) -> Iterator[tuple[Container, RunRoot]]:
     """Everything from the cached rootfs to a running container; cleaned up on the way out."""
