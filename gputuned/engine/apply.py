@@ -103,7 +103,7 @@ def _prepare(
     """
     kind = setting(op.kind)
     origin = op.data.get("origin") if kind.placement else None
-    if kind.holds_already(kernel, op, op.value):
+    if _holds(kernel, op):
         # Already right: an IRQ inside the allowed set, or a process or thread that inherited
         # the value from a placed parent or thread. The latter still needs its original on
         # record, or revert would leave it tuned: the original of whoever passed the value on.
@@ -117,6 +117,11 @@ def _prepare(
         return str(origin), journal.save(op, str(origin), defer=defer)
     old = kind.original(kernel, op)
     return old, journal.save(op, old, defer=defer)
+
+
+def _holds(kernel: Kernel, op: Op) -> bool:
+    """Does the machine hold ``op``'s value already (its kind's ``holds_already``)?"""
+    return setting(op.kind).holds_already(kernel, op, op.value)
 
 
 def _commit(
@@ -326,7 +331,7 @@ class _Writer:
             return
         for n, (ch, op, old, new_entry) in enumerate(prepared):
             try:
-                if setting(op.kind).holds_already(self.kernel, op, op.value):
+                if _holds(self.kernel, op):
                     continue
                 _commit(self.kernel, self.journal, op, old, new_entry)
             except errors.GputunedError as exc:
