@@ -337,6 +337,7 @@ class Daemon:
         for f in report.failed:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
         self._refresh_placed()
+        self._settle_gpu_use()
         self._verify()
         return report
 
@@ -423,6 +424,18 @@ class Daemon:
                 len(report.written),
                 (time.perf_counter() - t0) * 1e3,
             )
+
+    def _settle_gpu_use(self) -> None:
+        """After a full apply, place the ``by_gpu`` trees once more against this context's
+        reading of their GPU use: a GPU opened between the apply's plan and now would
+        otherwise look unchanged to every later scan (nothing is written where nothing
+        changed)."""
+        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
+            return
+        rules = {r.name for r in self.profile.process if r.by_gpu}
+        mine = sorted(pid for pid, c in self.claims.items() if c.rule in rules)
+        if mine:
+            self._place(mine, "GPU use at apply")
 
     def _gpu_scan(self) -> None:
         """``by_gpu`` rules: has a process placed by one opened (or closed) a GPU since? The
