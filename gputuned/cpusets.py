@@ -309,8 +309,8 @@ def partition_layout(cfg: CpusetConfig, sets: ResolvedCpus, host: HostCpus) -> l
 
     Siblings rather than children of one gputuned cgroup: a partition's parent must itself be
     a partition root (cgroup-v2.rst, "cpuset.cpus.partition"), and a parent whose CPUs all go
-    to its children can hold no task. Issue "processes per GPU" moves each server process into
-    the partition of its GPU; until then [[process]] rules need partitions = "one".
+    to its children can hold no task. With several, a [[process]] rule moves each process into
+    the partition of its GPU (by_gpu, tuners/gpuplace.py).
     """
     assert cfg.cpus is not None
     cpus = sets.sets[cfg.cpus]

@@ -26,18 +26,10 @@ from tests.fakeproc import add_process, add_user
 from tests.unit.conftest import Events
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, digest
 from tests.unit.test_multigpu import copy
+from tests.unit.test_pci import GPUS
 
 TREE = "dual-socket-8gpu"
-BDFS = (
-    "0000:03:00.0",
-    "0000:04:00.0",
-    "0000:07:00.0",
-    "0000:08:00.0",
-    "0000:83:00.0",
-    "0000:84:00.0",
-    "0000:87:00.0",
-    "0000:88:00.0",
-)
+BDFS = tuple(GPUS[TREE])  # in PCI order: gputuned's GPU indexes 0-7
 #: Minor numbers the driver gave each GPU: not the GPU's index, so that a mapping by index
 #: instead of by the driver's table fails.
 MINOR = {i: 7 - i for i in range(8)}
