@@ -438,17 +438,21 @@ class Daemon:
             self._place(mine, "GPU use at apply")
 
     def _gpu_scan(self) -> None:
-        """``by_gpu`` rules: has a process placed by one opened (or closed) a GPU since? The
-        kernel announces no open(2), so the device nodes of those processes are read again
-        (tuners/gpuuse.py); a change re-plans the whole tree, since its processes that use
-        no GPU go with the GPUs the tree uses."""
+        """``by_gpu`` rules: has a process placed by one, and without a GPU open then, opened
+        one since? The kernel announces no open(2), so the device nodes of those processes are
+        read again (tuners/gpuuse.py); a change re-plans the whole tree, since its processes
+        that use no GPU go with the GPUs the tree uses. NVML's answers change with the full
+        re-plan every nvml_interval_s."""
         if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
             return
         rules = {r.name for r in self.profile.process if r.by_gpu}
-        mine = [pid for pid, c in self.claims.items() if c.rule in rules]
+        use = self.ctx.gpu_use
+        # Only processes that have not opened a GPU yet: one that has is placed on it, and
+        # reading every descriptor of every worker each scan would cost the most on the
+        # busiest processes (a CUDA process may later open its peers' nodes too).
+        mine = [pid for pid, c in self.claims.items() if c.rule in rules and pid not in use.opened]
         if not mine:
             return
-        use = self.ctx.gpu_use
         before = {pid: use.of(pid) for pid in mine}
         use.forget(set(mine))
         changed = [pid for pid in mine if use.of(pid) != before[pid]]

@@ -39,7 +39,7 @@ class Config(BaseModel):
         default=2.0,
         ge=0.2,
         le=3600,
-        description="With by_gpu rules: seconds between reads of the GPU device nodes (/proc/PID/fd) of the processes placed, so a process that opens its GPU after it started moves to that GPU's CPUs within this time (the kernel announces no open).",
+        description="With by_gpu rules: seconds between reads of the GPU device nodes (/proc/PID/fd) of the processes placed without a GPU open, so a process that opens its GPU after it started moves to that GPU's CPUs within this time (the kernel announces no open).",
     )
     revert_on_shutdown: StrictBool = Field(
         default=True,

@@ -124,6 +124,8 @@ class GpuUse:
     minor_index: dict[int, int] = field(default_factory=dict)  # device minor -> GPU index
     #: Why a process's environment was not mapped, by PID (the plan reports it).
     unmapped: dict[int, str] = field(default_factory=dict)
+    #: PIDs whose answer came from NVML or an open device node: they have their GPU.
+    opened: set[int] = field(default_factory=set)
     _memo: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def of(self, pid: int) -> frozenset[int]:
@@ -134,8 +136,10 @@ class GpuUse:
         return got
 
     def _read(self, pid: int) -> frozenset[int]:
+        self.opened.discard(pid)
         by_nvml = self.nvml_pids.get(pid, frozenset())
         if by_nvml:
+            self.opened.add(pid)
             return by_nvml
         if not self.gpus:
             return frozenset()
@@ -146,6 +150,7 @@ class GpuUse:
         if why:
             self.unmapped[pid] = why
         if nodes:
+            self.opened.add(pid)
             narrowed = nodes & env if env else nodes
             return narrowed or nodes
         return env or frozenset()

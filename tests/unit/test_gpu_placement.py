@@ -419,7 +419,9 @@ def test_a_worker_that_opens_its_gpu_later_is_moved_to_it(tmp_path: Path, events
     assert (root / f"proc/{worker}/cgroup").read_text() == "0::/gputuned.inference.gpu6\n"
     assert f"Cpus_allowed_list:\t{MEMBER[6]}" in (root / f"proc/{worker}/status").read_text()
     assert (root / "proc/5000/cgroup").read_text() == "0::/gputuned.inference.gpu6\n"
-    d._gpu_scan()  # nothing changed since: nothing is planned again
+    assert d.ctx is not None and d.ctx.gpu_use is not None
+    assert worker in d.ctx.gpu_use.opened  # it has its GPU: later scans leave it alone
+    d._gpu_scan()
     assert d.stop() == 0
     for pid in (5000, 5001, worker):
         assert "Cpus_allowed_list:\t0-63" in (root / f"proc/{pid}/status").read_text()
