@@ -49,6 +49,11 @@ def _entries(value: str) -> list[str]:
     return [e.strip() for e in value.split(",")]
 
 
+def _index(entry: str) -> int | None:
+    """A decimal index (ASCII digits only: str.isdigit() also takes "²", which int() refuses)."""
+    return int(entry) if entry.isascii() and entry.isdigit() else None
+
+
 def _by_uuid(entry: str, among: Sequence[Gpu]) -> Gpu | None:
     """The one GPU whose UUID starts with ``entry`` ("GPU-8f3c" or the whole UUID), as CUDA
     accepts a unique prefix; None for no GPU or several."""
@@ -67,7 +72,8 @@ def container_gpus(value: str | None, gpus: Sequence[Gpu]) -> tuple[list[Gpu], s
     out: list[Gpu] = []
     by_index = {g.index: g for g in gpus}
     for entry in _entries(value):
-        g = by_index.get(int(entry)) if entry.isdigit() else _by_uuid(entry, gpus)
+        n = _index(entry)
+        g = by_index.get(n) if n is not None else _by_uuid(entry, gpus)
         if g is None:
             return sorted(out, key=lambda x: x.bdf), f"NVIDIA_VISIBLE_DEVICES entry {entry[:40]!r}"
         out.append(g)
@@ -94,15 +100,16 @@ def env_gpus(env: dict[str, str], gpus: Sequence[Gpu]) -> tuple[frozenset[int] |
         order = []
     out: set[int] = set()
     for entry in _entries(cvd):
-        if entry.isdigit():
+        n = _index(entry)
+        if n is not None:
             if not order and visible:
                 return None, (
                     "CUDA_VISIBLE_DEVICES counts in CUDA's fastest-first order, which gputuned "
                     "cannot know with GPUs of several models (set CUDA_DEVICE_ORDER=PCI_BUS_ID)"
                 )
-            if int(entry) >= len(order):
+            if n >= len(order):
                 break  # CUDA ignores an invalid entry and every one after it
-            out.add(order[int(entry)].index)
+            out.add(order[n].index)
             continue
         if entry.startswith("MIG-"):
             return None, "CUDA_VISIBLE_DEVICES names a MIG instance, not a whole GPU"

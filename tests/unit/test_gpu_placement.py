@@ -166,6 +166,7 @@ MIXED = gpus("NVIDIA H200", "NVIDIA L4", "NVIDIA H200", "NVIDIA L4")
         ({"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa6-0006"}, H200, {6}),
         ({"NVIDIA_VISIBLE_DEVICES": "all"}, H200, set(range(8))),
         ({"NVIDIA_VISIBLE_DEVICES": "void"}, H200, set()),
+        ({"CUDA_VISIBLE_DEVICES": "1,\u00b2"}, H200, {1}),  # "²" is no index: the list ends
     ],
 )
 def test_the_environment_maps_to_gpus(
