@@ -68,6 +68,7 @@ from gputuned.host.udevmon import UdevMonitor, open_monitor
 from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.textsafe import printable
+from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS
@@ -75,6 +76,8 @@ from gputuned.tuners.spread import Held, held_threads
 from gputuned.verify import verify_plan
 
 log = logging.getLogger("gputuned")
+#: New threads placed in one turn of the loop (each costs about a millisecond of CPU).
+THREADS_A_TURN = 256
 
 
 class Daemon:
@@ -90,7 +93,10 @@ class Daemon:
         self.setup_notes: list[str] = []
         self._verify_cache: tuple[float, bool, dict[str, Any]] | None = None
         self.ctx: PlanContext | None = None
-        self.settings: list[Change] = []  # applied last, re-read by the drift check
+        self._settings: list[Change] = []  # applied last, re-read by the drift check
+        self._by_key: dict[str, Change] = {}
+        # New threads of placed processes not placed yet: pid -> TIDs (see _place_threads).
+        self._threads: dict[int, set[int]] = {}
         self._drift_ticks = 0
         self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
         self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
@@ -113,6 +119,15 @@ class Daemon:
         self._next: dict[str, float] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> list[Change]:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: list[Change]) -> None:
+        self._settings = value
+        self._by_key = {c.key: c for c in value}
 
     def start(self) -> None:
         """Set up everything, then apply: the lock, journal and profile, the control socket,
@@ -216,11 +231,13 @@ class Daemon:
             timeout = min(self._next.values(), default=now() + 1.0) - now()
             if self.watcher is not None and self.watcher.fileno() < 0:
                 timeout = min(timeout, self.watcher.timeout or 1.0)
-            if self.control is not None and self.control.pending():
-                timeout = 0.0  # requests wait for their turn: no sleep
+            if (self.control is not None and self.control.pending()) or self._threads:
+                timeout = 0.0  # requests and new threads wait for their turn: no sleep
             self.loop.run_once(min(timeout, 1.0))
             if self.watcher is not None and self.watcher.fileno() < 0:
                 self._guard("process scan", self._on_proc_events)
+            if self._threads:
+                self._guard("new threads", self._place_threads)
             if self.control is not None:
                 self._guard("control requests", self.control.serve)
                 self.control.expire(time.monotonic())
@@ -314,6 +331,8 @@ class Daemon:
 
     def _apply_full(self, why: str) -> ApplyReport:
         assert self.profile is not None
+        if why in ("start", "reload", "apply"):
+            SEARCHES.reset()  # a pattern suspended for its CPU budget gets a new chance
         plan, report = apply_profile(
             self.host,
             self.profile,
@@ -400,18 +419,19 @@ class Daemon:
             else f"degraded {name}: {failed} setting(s) not in place (gputunectl verify)"
         )
 
-    def _place(self, pids: list[int], why: str) -> None:
+    def _place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
+        """Plan and apply ``pids`` (``threads``: only these new threads of each)."""
         if self.profile is None or self.ctx is None or not self.profile.process:
             return
         t0 = time.perf_counter()
         ctx = dataclasses.replace(
             self.ctx, claimed=self.claims, registered=self.registered, held=self.held
         )
-        settings, claims = plan_processes(ctx, pids)
+        settings, claims = plan_processes(ctx, pids, threads)
         self.claims.update(claims)
         if not settings:
             return
-        self._keep(settings)
+        self._keep(settings, merge=threads is not None)
         report = ApplyReport()
         assert self.journal is not None
         apply_settings(self.host, self.journal, settings, report, keep_going=True, batch=True)
@@ -469,19 +489,54 @@ class Daemon:
             )
         self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
 
-    def _keep(self, settings: list[Change]) -> None:
+    def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
         """A placement's settings join those the drift check re-reads, replacing the same
-        settings planned earlier (a thread moved off the CPU a new main thread took)."""
+        settings planned earlier (a thread moved off the CPU a new main thread took).
+        ``merge``: the settings of some new threads only; they join their process's."""
         mine = [c for c in settings if not c.report_only]
+        if merge:
+            mine = [c for c in mine if not self._merged(c)]
         keys = {c.key for c in mine}
-        self.settings = [c for c in self.settings if c.key not in keys] + mine
+        if keys:
+            self.settings = [c for c in self.settings if c.key not in keys] + mine
         self.held.update(held_threads(mine))
+
+    def _merged(self, ch: Change) -> bool:
+        """Add the threads of ``ch`` to the same setting of their process (in place: a new
+        thread costs the daemon its own values, not a copy of all the others)."""
+        have = self._by_key.get(ch.key)
+        if have is None or ch.kind != "thread":
+            return False
+        for k in ("threads", "old", "origin"):
+            have.data.setdefault(k, {}).update(ch.data.get(k, {}))
+        for pid, h in held_threads([ch]).items():
+            was = self.held.get(pid)
+            if was is not None and was.start == h.start:
+                was.threads.update(h.threads)
+            else:
+                self.held[pid] = h
+        return True
 
     # -- events -------------------------------------------------------------------------------
 
     def _on_proc_events(self) -> None:
         assert self.watcher is not None
         new: list[int] = []
+        ended: list[str] = []  # journal keys of threads that ended
+        try:
+            self._read_proc_events(new, ended)
+        finally:
+            if ended:  # one append for all of them; then compact when grown
+                assert self.journal is not None
+                self.journal.drop_many(ended)
+                self.journal.compact_if_grown()
+        if new:
+            for pid in new:
+                self._threads.pop(pid, None)  # placed whole now
+            self._place(sorted(set(new)), "new process")
+
+    def _read_proc_events(self, new: list[int], ended: list[str]) -> None:
+        assert self.watcher is not None
         for ev in self.watcher.read():
             if ev.kind == "overflow":
                 log.warning(
@@ -490,20 +545,61 @@ class Daemon:
                 if self.profile is not None:
                     self._reapply("rescan")
                 return
-            if ev.kind in ("exec", "fork", "comm") or (
-                ev.kind == "thread" and ev.pid in self.claims and self._places(ev.pid)
-            ):
+            if ev.kind in ("exec", "fork", "comm"):
                 # A fork: a new process, maybe a child of a claimed one (its parent's claim
                 # carries over); exec and a new name: what it is may have changed (a spawned
-                # child running its target, setproctitle); a thread: placed like its process.
+                # child running its target, setproctitle).
                 new.append(ev.pid)
+            elif ev.kind == "thread" and ev.pid in self.claims and self._places(ev.pid):
+                # A thread: placed like its process, that thread alone (issue 14, finding 6:
+                # re-reading every thread at each new one made a thread storm quadratic),
+                # a few hundred a turn of the loop (_place_threads).
+                self._threads.setdefault(ev.pid, set()).add(ev.tid)
             elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
                 n = forget_process(self.host, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
                 assert self.journal is not None
                 self.journal.compact_if_grown()
-        if new:
-            self._place(sorted(set(new)), "new process or thread")
+            elif ev.kind == "exit" and ev.pid in self.claims:
+                ended.extend(self._forget_thread(ev.pid, ev.tid))
+
+    def _place_threads(self) -> None:
+        """Place up to THREADS_A_TURN of the new threads, then give the loop back: a
+        process's thousands of threads must not hold up a server's placement or root's
+        status behind them (new processes and requests are served between turns)."""
+        take: dict[int, set[int]] = {}
+        n = 0
+        for pid in list(self._threads):
+            tids = self._threads[pid]
+            while tids and n < THREADS_A_TURN:
+                take.setdefault(pid, set()).add(tids.pop())
+                n += 1
+            if not tids:
+                del self._threads[pid]
+            if n >= THREADS_A_TURN:
+                break
+        take = {pid: t for pid, t in take.items() if pid in self.claims}
+        if take:
+            self._place(sorted(take), "new thread", threads=take)
+
+    def _forget_thread(self, pid: int, tid: int) -> list[str]:
+        """A thread of a placed process ended: its settings go, and the journal keys returned
+        (dropped by the caller, all at once), so that the journal holds the threads alive, not
+        every thread there ever was (issue 14, finding 6); compaction keeps the file within
+        twice that plus 256 lines (Journal.compact_if_grown)."""
+        start = self.claims[pid].start
+        self._threads.get(pid, set()).discard(tid)
+        keys = []
+        for attr in ("nice", "policy", "affinity"):  # the per-thread settings
+            keys.append(f"thread:{pid}:{start}:{tid}:{attr}")
+            ch = self._by_key.get(f"thread:{pid}:{start}:{attr}")
+            if ch is not None:
+                for k in ("threads", "old", "origin"):
+                    ch.data.get(k, {}).pop(tid, None)
+        held = self.held.get(pid)
+        if held is not None:
+            held.threads.pop(tid, None)
+        return keys
 
     def _places(self, pid: int) -> bool:
         return self.claims[pid].role != "excluded"
@@ -515,6 +611,7 @@ class Daemon:
     def _drop(self, pid: int) -> bool:
         """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
         self.held.pop(pid, None)
+        self._threads.pop(pid, None)
         if self.claims.pop(pid, None) is None:
             return False
         self.settings = [
@@ -729,7 +826,7 @@ class Daemon:
             "registered": {str(k): v[1] for k, v in self.registered.items()},
             "verify": self.last_verify,
             "verified_at": self.last_verify_at,
-            "notes": self.setup_notes,
+            "notes": self.setup_notes + SEARCHES.notes(),
         }  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -202,10 +202,14 @@ def plan_profile(
     return result
 
 
-def plan_processes(ctx: PlanContext, pids: list[int]) -> tuple[list[Change], dict[int, Claim]]:
+def plan_processes(
+    ctx: PlanContext, pids: list[int], threads: Mapping[int, Collection[int]] | None = None
+) -> tuple[list[Change], dict[int, Claim]]:
     """Process settings for just ``pids``, against an earlier context (the daemon's fast path:
     a new process is placed without re-reading the whole host), and the claims on them. A
-    process whose parent is among ``ctx.claimed`` is a descendant of a claimed one."""
+    process whose parent is among ``ctx.claimed`` is a descendant of a claimed one.
+    ``threads``: for these pids only the threads named (new ones) are read and planned, not
+    every thread of the process (ProcessTuner.plan_tree)."""
     from gputuned.tuners.process import ProcessTuner
 
     if ctx.gpu_use is not None:
@@ -216,5 +220,5 @@ def plan_processes(ctx: PlanContext, pids: list[int]) -> tuple[list[Change], dic
             procs.append(read_process(ctx.host, pid, threads=False, brief=True))
         except (errors.TargetGone, errors.PermissionDenied):
             continue
-    plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs))
+    plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs), only=threads)
     return plan.changes, claims

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gputuned import errors
@@ -12,6 +13,9 @@ from gputuned.host.fs import Host
 POLICIES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
 #: include/linux/sched.h: the flags field (9) of /proc/PID/stat for a kernel thread.
 PF_KTHREAD = 0x00200000
+#: Bytes of /proc/PID/cmdline read: any user writes their own command line, up to 2 MiB, and
+#: rules' regexes are searched in it (tuners/cmdmatch.py; issue 14, finding 5).
+CMDLINE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class ProcInfo:
     start_time: int
     comm: str
     exe: str | None
-    cmdline: str
+    cmdline: str  # arguments joined by spaces; the first CMDLINE_BYTES bytes only
     cgroup: str  # the cgroup v2 path ("0::/..." line); "" when none
     threads: tuple[ThreadInfo, ...]
     ppid: int = 0
@@ -70,13 +74,21 @@ def read_thread(host: Host, base: str, tid: int) -> ThreadInfo:
 
 
 def read_process(
-    host: Host, pid: int, *, threads: bool = True, brief: bool = False, owner: bool = False
+    host: Host,
+    pid: int,
+    *,
+    threads: bool = True,
+    brief: bool = False,
+    owner: bool = False,
+    tids: Iterable[int] | None = None,
 ) -> ProcInfo:
     """Read a process and all its threads; :class:`TargetGone` if it exits meanwhile.
 
     ``threads=False`` skips the per-thread files; ``brief`` also skips exe and cgroup (exe
     None, cgroup ""): enough to match comm and cmdline rules across every process cheaply.
-    ``owner`` also reads the user IDs (one more file, /proc/PID/status).
+    ``owner`` also reads the user IDs (one more file, /proc/PID/status). ``tids``: only these
+    threads and the main one, not every thread (the daemon's answer to a new thread reads that
+    thread, not all of them again: issue 14, finding 6); those that have ended are left out.
     """
     base = f"/proc/{pid}"
     comm, f = _stat_fields(host.read_text(f"{base}/stat"))
@@ -94,10 +106,16 @@ def read_process(
         for line in host.read_text(f"{base}/cgroup").splitlines():
             if line.startswith("0::"):
                 cgroup = line[3:]
-    cmdline = host.read_text(f"{base}/cmdline").replace("\0", " ").strip()
+    raw = host.read_bytes(f"{base}/cmdline", 0, CMDLINE_BYTES)
+    cmdline = raw.decode("utf-8", errors="replace").replace("\0", " ").strip()
     found = []
     if threads:
-        for tid in sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit()):
+        listed = (
+            sorted({pid, *tids})
+            if tids is not None
+            else sorted(int(t) for t in host.listdir(f"{base}/task") if t.isdigit())
+        )
+        for tid in listed:
             try:
                 found.append(read_thread(host, f"{base}/task/{tid}", tid))
             except errors.TargetGone:

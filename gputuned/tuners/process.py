@@ -69,8 +69,14 @@ Match keys:
 - `cgroup`: prefix of the process's cgroup v2 path as `/proc/PID/cgroup` shows it.
 - `exe`: exact path of the executable, as `/proc/PID/exe` points to.
 - `comm`: exact command name (`/proc/PID/comm`; the kernel keeps 15 characters).
-- `cmdline`: Python regular expression searched (`re.search`) in the command line, arguments
-  joined by single spaces.
+- `cmdline`: Python regular expression searched (`re.search`) in the first 4096 bytes of the
+  command line, arguments joined by single spaces. Any user writes their own command line, so
+  a pattern that repeats a part holding another unbounded repetition (`(\\S+\\s+)*`) is
+  refused: it can backtrack exponentially. Write the outer repetition possessive
+  (`(?:...)*+`, with non-capturing groups inside: Python 3.11 fails on capturing ones there)
+  or atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
+  stopped and its pattern suspended until the profile is applied again (it matches nothing;
+  a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
 - `uses_gpu`: the process uses this GPU (index): NVML lists it, it has `/dev/nvidiaN` open, or
   its `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` name it.
 
@@ -79,11 +85,17 @@ script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative
 real-time policy, CPUs or the partition must also match by `user`, `uid`, `unit` or a `cgroup`
 outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule says
 `any_user = true`.
+
+Threads: the daemon places a new thread of a placed process alone (clone gave it the placed
+values already; it reads that thread, not all of them). The journal holds one entry per
+attribute for each thread alive; an ended thread's entries are dropped, and the file is
+compacted once it holds 256 lines more than twice its live entries.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -105,6 +117,7 @@ from gputuned.cpulist import format_cpulist
 from gputuned.host.proc import ProcInfo, read_process
 from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.system import cgroup_cpus
+from gputuned.tuners.cmdmatch import SEARCHES, check_pattern
 from gputuned.tuners.gpuplace import Target, by_gpu_targets
 from gputuned.tuners.proctree import (
     Claim,
@@ -156,7 +169,10 @@ class Match(BaseModel):
     )
     cmdline: StrictStr | None = Field(
         default=None,
-        description="Python regex searched in the command line (arguments joined by spaces).",
+        description=(
+            "Python regex searched in the first 4096 bytes of the command line (arguments "
+            "joined by spaces); no unbounded repetition inside another (write '(?:...)*+')."
+        ),
     )
     user: StrictStr | None = Field(
         default=None,
@@ -226,6 +242,7 @@ class Match(BaseModel):
                 f"{value!r} is not a valid Python regular expression ({exc}); "
                 "escape literal characters such as ( [ . * + ? with a backslash"
             ) from None
+        check_pattern(value)  # searched in other users' command lines: no exponential ones
         return value
 
     @field_validator("unit")
@@ -423,12 +440,18 @@ class ProcessTuner:
     def plan(self, ctx: PlanContext) -> TunerPlan:
         return self.plan_tree(ctx)[0]
 
-    def plan_tree(self, ctx: PlanContext) -> tuple[TunerPlan, dict[int, Claim]]:
+    def plan_tree(
+        self, ctx: PlanContext, only: Mapping[int, Collection[int]] | None = None
+    ) -> tuple[TunerPlan, dict[int, Claim]]:
         """The plan, and every process a rule claims (the daemon keeps those to place the
-        children they start later)."""
+        children they start later). ``only``: pid -> the threads to plan (the daemon's new
+        threads), the main thread read with them for the process's originals; other pids
+        and processes of ``spread_threads`` rules (one CPU a thread, planned against every
+        thread) are read whole."""
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
         targets = by_gpu_targets(ctx, claims, out.notes)
+        out.notes += SEARCHES.notes()
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
             if rule.name not in found:
@@ -441,7 +464,7 @@ class ProcessTuner:
                 "started after a one-shot apply are placed only while the daemon (gputuned) "
                 "runs, and revert puts back any that inherited the placement"
             )
-        placing, spreads = self._read_all(ctx, claims)
+        placing, spreads = self._read_all(ctx, claims, only or {})
         for pid, p in placing.items():
             if p.role == "excluded":
                 out.changes += self._give_back(ctx, p)
@@ -450,7 +473,7 @@ class ProcessTuner:
         return out, claims
 
     def _read_all(
-        self, ctx: PlanContext, claims: dict[int, Claim]
+        self, ctx: PlanContext, claims: dict[int, Claim], only: Mapping[int, Collection[int]]
     ) -> tuple[dict[int, _Placing], dict[int, Spread]]:
         """Every claimed process read with its threads (parents first), and the spread of
         each process of a spread tree (tuners/spread.py). Planning a spread may need processes
@@ -459,7 +482,9 @@ class ProcessTuner:
         origin_of: dict[int, dict[str, str | None]] = {}
         out: dict[int, _Placing] = {}
         for pid, c in claims.items():
-            p = self._read(ctx, rules[c.rule], pid, c, origin_of)
+            rule = rules[c.rule]
+            tids = None if rule.spread_threads else only.get(pid)
+            p = self._read(ctx, rule, pid, c, origin_of, tids)
             if p is not None:
                 out[pid] = p
 
@@ -480,12 +505,13 @@ class ProcessTuner:
         pid: int,
         c: Claim,
         origin_of: dict[int, dict[str, str | None]],
+        tids: Collection[int] | None = None,
     ) -> _Placing | None:
         """``pid`` with its threads (the scan read none), and its originals; None once it has
         exited or its PID is another process's. Parents before children: a child's
         originals come from its parent's (``origin_of``)."""
         try:
-            full = read_process(ctx.host, pid)
+            full = read_process(ctx.host, pid, tids=tids)
         except errors.TargetGone:
             return None
         if full.start_time != c.start:

@@ -22,7 +22,6 @@ This module only reads what the plan context already holds; it never touches the
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.host.proc import read_process, user_id
+from gputuned.tuners.cmdmatch import SEARCHES
 
 if TYPE_CHECKING:
     from gputuned.changes import PlanContext
@@ -104,7 +104,7 @@ def _cheap(rule: Match, proc: ProcInfo, uses: Callable[[int], frozenset[int]]) -
         return False
     return (
         (rule.comm is None or proc.comm == rule.comm)
-        and (rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None)
+        and (rule.cmdline is None or cmdline_matches(rule.cmdline, proc))
         and (rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid))
     )
 
@@ -136,7 +136,7 @@ def matches(
         rule.comm is None or proc.comm == rule.comm,
         (rule.user is None and rule.uid is None)
         or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid),
-        rule.cmdline is None or re.search(rule.cmdline, proc.cmdline) is not None,
+        rule.cmdline is None or cmdline_matches(rule.cmdline, proc),
         rule.unit is None or system_unit(where) == rule.unit,
         rule.cgroup is None
         or where == rule.cgroup
@@ -146,10 +146,21 @@ def matches(
     return all(checks)
 
 
+def cmdline_matches(pattern: str, proc: ProcInfo) -> bool:
+    """``match.cmdline``, searched within its CPU budget; no match when it cannot finish."""
+    what = f"match.cmdline {pattern[:80]!r}"
+    return SEARCHES.search(pattern, proc.cmdline, what=what, pid=proc.pid, safe=False)
+
+
 def excluded(ex: Exclude, proc: ProcInfo) -> bool:
-    return proc.comm in ex.comm or (
-        ex.cmdline is not None and re.search(ex.cmdline, proc.cmdline) is not None
-    )
+    """``exclude`` leaves ``proc`` out; so does an ``exclude.cmdline`` that cannot finish
+    within its CPU budget (the descendant gets back what its ancestor had: nothing gained)."""
+    if proc.comm in ex.comm:
+        return True
+    if ex.cmdline is None:
+        return False
+    what = f"exclude.cmdline {ex.cmdline[:80]!r}"
+    return SEARCHES.search(ex.cmdline, proc.cmdline, what=what, pid=proc.pid, safe=True)
 
 
 # ---- claiming -----------------------------------------------------------------------------
@@ -178,7 +189,13 @@ def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
     then, breadth first, every descendant of a claimed process (listed here or among the
     ``known`` claims) that no rule matches itself: "child", or "excluded" when the rule says
     ``children = "ignore"``, its ``exclude`` matches, or an ancestor was excluded already.
+    Each ``cmdline`` search is stopped at its CPU budget (tuners/cmdmatch.py).
     """
+    with SEARCHES.budgeted():
+        return _claim(procs, inp)
+
+
+def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
     listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel}
     by_name = {r.name: r for r in inp.rules}
     out: dict[int, Claim] = {}

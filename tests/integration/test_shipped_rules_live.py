@@ -19,6 +19,7 @@ cgroup v2 cpuset). Everything made here is removed again and every process kille
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -34,7 +35,7 @@ import pytest
 from gputuned.engine import plan_profile
 from gputuned.host import Host
 from gputuned.host.control import request
-from gputuned.host.proc import read_process
+from gputuned.host.proc import read_process, read_uids
 from gputuned.host.system import read_cgroup_layout
 from gputuned.journal import Journal
 from gputuned.profile import load_profile
@@ -71,6 +72,30 @@ def attacker() -> Iterator[Attacker]:
             yield Attacker(pw.pw_uid, pw.pw_gid, python)
         finally:
             shutil.rmtree(RUN_DIR, ignore_errors=True)
+
+
+def profile_rules(name: str, dest: Path, *, user: str | None = None) -> Path:
+    """The ``[[process]]`` rules of profiles/NAME.toml as loaded (includes resolved), with
+    this machine's CPU sets (CPU 1) and no other table; ``user``: the account swapped for
+    another, for a positive control. Written as TOML (JSON strings are TOML strings)."""
+    rules = [r.model_dump(mode="json", exclude_defaults=True) for r in load_profile(
+        REPO / f"profiles/{name}.toml").process]  # fmt: skip
+    spread = any(r.get("spread_threads") for r in rules)
+    out = [
+        f'name = "shipped-rules-{name}"',
+        '[cpusets.inference]\ncpus = "1"',
+        f'[cpuset]\nmode = "{"isolated" if spread else "root"}"\ncpus = "inference"',
+        "[daemon]\ndrift_interval_s = 3600",
+    ]
+    for r in rules:
+        match = dict(r.pop("match"))
+        if user is not None and match.get("user") == "inference":
+            match["user"] = user
+        out.append("[[process]]")
+        out += [f"{k} = {json.dumps(v)}" for k, v in r.items()]
+        out += [f"match.{k} = {json.dumps(v)}" for k, v in match.items()]
+    dest.write_text("\n".join(out) + "\n")
+    return dest
 
 
 def shipped_rules_profile(dest: Path, *, user: str | None = None) -> Path:
@@ -150,9 +175,9 @@ def fake_cgroups(mount: str, *rels: str) -> Iterator[list[Path]]:
                 d.rmdir()
 
 
-def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
-    attacker: Attacker, tmp_path: Path
-) -> None:
+def live_preconditions() -> str:
+    """The cgroup v2 mount to make the units' cgroups in; skips or fails where the test
+    cannot run here."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 CPUs: the rules place on CPU 1")
     if len(Journal(Host(Path("/")))):
@@ -160,6 +185,13 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
     mount = read_cgroup_layout(Host(Path("/"))).v2_mount
     if mount is None:
         pytest.skip("no cgroup v2 hierarchy to make the units' cgroup paths in")
+    return mount
+
+
+def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
+    attacker: Attacker, tmp_path: Path
+) -> None:
+    mount = live_preconditions()
     script = str(RUN_DIR / "vllm.py")
     prof = shipped_rules_profile(tmp_path / "shipped.toml")
     procs = Procs()
@@ -209,3 +241,151 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
         finally:
             procs.kill()
     assert len(Journal(Host(Path("/")))) == 0
+
+
+#: Run as the user: renames itself back and forth between what vLLM's setproctitle shows and
+#: "python3" (a comm event each, which the daemon answers by matching again), then starts a
+#: thread and a child under the server's name; prints the child's PID.
+RENAMER = r"""
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+for i in range(40):
+    libc.prctl(15, b"VLLM::EngineCor" if i % 2 == 0 else b"python3", 0, 0, 0)
+    time.sleep(0.01)
+libc.prctl(15, b"VLLM::EngineCor", 0, 0, 0)
+threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+child = os.fork()
+if child == 0:
+    libc.prctl(15, b"VLLM::Worker_TP", 0, 0, 0)
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(120)
+"""
+
+#: What a local user can make their command line say: vLLM's and SGLang's entry points.
+SPOOFS = (
+    "python3 -m vllm.entrypoints.openai.api_server --model m",
+    "python3 -m sglang.launch_server --model-path m",
+    "/usr/bin/python3 /usr/local/bin/vllm serve m",
+)
+
+
+def gains(pid: int) -> list[str]:
+    """What the process has that a local user cannot give themselves, or that the rules give
+    (CPU 1 alone, the partition); [] when nothing."""
+    p = read_process(Host(Path("/")), pid)
+    out = []
+    for t in p.threads:
+        if t.nice < 0:
+            out.append(f"thread {t.tid} nice {t.nice}")
+        if t.policy in ("fifo", "rr"):
+            out.append(f"thread {t.tid} policy {t.policy}")
+        if t.affinity == frozenset({1}):
+            out.append(f"thread {t.tid} CPUs of the rule")
+    if "gputuned" in p.cgroup:
+        out.append(f"cgroup {p.cgroup}")
+    return out
+
+
+def users_processes(uid: int) -> list[int]:
+    host = Host(Path("/"))
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(Exception):
+                if read_uids(host, int(d.name))[0] == uid:
+                    out.append(int(d.name))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "profiles").glob("*.toml")))
+def test_no_shipped_profile_gives_a_local_user_anything(
+    name: str, attacker: Attacker, tmp_path: Path
+) -> None:
+    """Issue 14, finding 3: the rules of every shipped profile, live, against a local user's
+    processes named, renamed and spoofed to look like vLLM and SGLang (before the daemon and
+    after it), a child and a thread of one, and one in a user unit named like the server's.
+    Every process the user owns at the end has gained nothing; root's server in the system
+    unit was placed by the same daemon (the rules work here)."""
+    mount = live_preconditions()
+    prof = profile_rules(name, tmp_path / f"{name}.toml")
+    procs = Procs()
+    uid = attacker.uid
+    py = attacker.python
+    user_unit = f"/user.slice/user-{uid}.slice/user@{uid}.service/app.slice/{UNIT}"
+
+    def spoofed(argv0: str, cgroup: Path | None = None) -> int:
+        cmd = f'exec -a "{argv0}" {py} -c "{SLEEPER}"'  # argv[0] holds the whole spoof
+        return procs.start(["bash", "-c", cmd], as_user=attacker, cgroup=cgroup)
+
+    with fake_cgroups(mount, user_unit, f"/system.slice/{UNIT}") as (in_user_unit, in_unit):
+        try:
+            # Before the daemon (found by its first scan) ...
+            early = [procs.start([py, str(RUN_DIR / "vllm.py")], as_user=attacker)]
+            early += [spoofed(s) for s in SPOOFS]
+            for pid in early:
+                settle(pid)
+            with running_daemon(prof, tmp_path) as d:
+                # ... and after it (found by exec, fork, rename and thread events).
+                late = [spoofed(s) for s in SPOOFS]
+                late.append(spoofed(SPOOFS[0], cgroup=in_user_unit))
+                for pid in late:
+                    settle(pid)
+                renamer = subprocess.Popen(
+                    ["setpriv", f"--reuid={uid}", f"--regid={attacker.gid}", "--clear-groups",
+                     "bash", "-c", f'exec -a "{SPOOFS[0]}" {py} -c "$0"', RENAMER],
+                    cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                )  # fmt: skip
+                procs.procs.append(renamer)  # type: ignore[arg-type]
+                assert renamer.stdout is not None
+                int(renamer.stdout.readline())  # renamed, threaded and forked
+                # Root's server last: once it is placed, the events before it were answered.
+                server = procs.start([py, str(RUN_DIR / "vllm.py")], cgroup=in_unit)
+                settle(server)
+                deadline = time.monotonic() + 20
+                while not gains(server):
+                    assert time.monotonic() < deadline, "the server in its system unit not placed"
+                    time.sleep(0.02)
+                # The spoofs pass every key a user chooses (the shipped cmdline pattern):
+                # only the owner or the unit, which they cannot choose, keeps them out.
+                pattern = load_profile(prof).process[0].match.cmdline
+                assert pattern is not None
+                for pid in [*early, *late, renamer.pid]:
+                    cmd = read_process(Host(Path("/")), pid, threads=False).cmdline
+                    assert re.search(pattern, cmd), cmd
+                theirs = users_processes(uid)
+                assert len(theirs) >= len(early) + len(late) + 2, theirs
+                got = {pid: g for pid in theirs if (g := gains(pid))}
+                assert got == {}, got
+                assert request(Host(Path("/")), {"cmd": "status"})["placed"] == [server]
+                plan = plan_profile(Host(Path("/")), load_profile(prof), allow_blocked=True)
+                claimed = {c.data["pid"] for c in plan.settings if c.tuner == "process"}
+                assert not claimed & set(theirs), claimed
+                # The control: the same rules naming the user's account claim their spoofs
+                # (the test can tell a gain).
+                ctl = load_profile(profile_rules(name, tmp_path / "ctl.toml", user=USER))
+                by_control = {
+                    c.data["pid"]
+                    for c in plan_profile(Host(Path("/")), ctl, allow_blocked=True).settings
+                    if c.tuner == "process"
+                }
+                assert set(early) <= by_control, (early, by_control)
+                d.send_signal(signal.SIGTERM)
+                assert d.wait(timeout=30) == 0
+        finally:
+            procs.kill()
+            kill_users_processes(uid)  # the renamer's child: started here, by PID
+    assert len(Journal(Host(Path("/")))) == 0
+
+
+def kill_users_processes(uid: int) -> None:
+    """Kill the processes the test made as ``uid`` (the user is made for the test), so that
+    the user can be removed."""
+    deadline = time.monotonic() + 10
+    while pids := users_processes(uid):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert time.monotonic() < deadline, f"processes of uid {uid} left: {pids}"
+        time.sleep(0.05)

@@ -146,6 +146,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
     task.joinpath("comm").write_text("python3\n")
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
+    d._place_threads()  # the new thread, at the next turn of the loop
     stat = (root / "proc/5000/task/5002/stat").read_text()
     assert stat.rpartition(")")[2].split()[19 - 3] == "-10"
     assert d.counters["placements"] >= 2
@@ -164,6 +165,7 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
     task.joinpath("comm").write_text("python3\n")
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
+    d._place_threads()
     d.stop()
     for tid in (5000, 5001, 5002, 5003):
         stat = (root / f"proc/5000/task/{tid}/stat").read_text()

@@ -162,6 +162,8 @@ def feed(d: Daemon, *events: ProcEvent) -> None:
     assert d.watcher is not None
     d.watcher.read = lambda: list(events)  # type: ignore[method-assign]
     d._on_proc_events()
+    while d._threads:  # new threads: a few hundred a turn of the loop
+        d._place_threads()
 
 
 # ---- item 1: trees, both orders ---------------------------------------------------------------

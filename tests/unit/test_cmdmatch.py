@@ -1,0 +1,194 @@
+"""``match.cmdline`` and ``exclude.cmdline`` on command lines other users write (issue 14,
+finding 5): only the first 4 KiB are read, patterns that can backtrack exponentially are
+refused at load with the key that holds them, and a search that runs past its CPU budget is
+stopped and its pattern suspended (tuners/cmdmatch.py)."""
+
+from __future__ import annotations
+
+import re
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputuned import errors
+from gputuned.engine import plan_profile
+from gputuned.host import Host
+from gputuned.host.proc import CMDLINE_BYTES, read_process
+from gputuned.profile import parse_profile
+from gputuned.tuners.cmdmatch import SEARCHES, Searches, check_pattern
+from tests.fakeproc import add_process, remove_process
+from tests.unit.test_apply import SERVER_UID, SERVER_USER, tree_copy
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: The pattern profiles/*.toml shipped before this fix: its option loop could backtrack
+#: exponentially (40 "-X -X" options kept a search going for minutes).
+OLD_SHIPPED = (
+    r"^\S*python[0-9.]*\s+((-[XW]\s*|--check-hash-based-pycs\s+)\S+\s+|-[A-Za-z]+\s+)*"
+    r"\S*(vllm|sglang|text-generation-server|torchrun)\b"
+)
+#: Exponential without a nested quantifier (two alternatives matching the same text), so the
+#: load check passes it: only the CPU budget stops it. 2^40 ways to fail on this line.
+#: What every profile in profiles/ ships now: the option loop possessive (``*+``).
+SHIPPED = tomllib.loads((REPO / "profiles/shared-host.toml").read_text())["process"][0]["match"][
+    "cmdline"
+]
+AMBIGUOUS = r"^(a|a)*$"
+AMBIGUOUS_LINE = "a" * 40 + "!"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_searches() -> Iterator[None]:
+    SEARCHES.reset()
+    yield
+    SEARCHES.reset()
+
+
+def profile(match: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "t",
+        "process": [{"name": "srv", "match": {"user": SERVER_USER, **match}, "nice": -5, **extra}],
+    }
+
+
+def test_only_the_first_4_kib_of_a_command_line_are_read(tmp_path: Path) -> None:
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    add_process(
+        root, 6100, comm="python3", cmdline=["python3", "-X", "a" * (1 << 20)],
+        exe="/usr/bin/python3.11", start_time=61,
+    )  # fmt: skip
+    cmd = read_process(Host(root), 6100, threads=False, brief=True).cmdline
+    assert cmd.startswith("python3 -X aaa")
+    assert len(cmd.encode()) <= CMDLINE_BYTES == 4096
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [OLD_SHIPPED, r"(\S+\s+)*vllm", r"(a+)+b", r"(a*)*", r"((x|y+)z)*", r"(?:a{2,})+"],
+)
+@pytest.mark.parametrize("key", ["match", "exclude"])
+def test_nested_unbounded_repetitions_are_refused_at_load(pattern: str, key: str) -> None:
+    doc = profile({"cmdline": "vllm"}) if key == "exclude" else profile({"cmdline": pattern})
+    if key == "exclude":
+        doc["process"][0]["exclude"] = {"cmdline": pattern}
+    with pytest.raises(errors.ProfileError) as got:
+        parse_profile(doc, "t.toml")
+    text = str(got.value)
+    assert f"process[0].{key}.cmdline" in text  # the key path
+    assert "'*+'" in text and "(?>...)" in text and "'{0,16}'" in text  # what to write instead
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "vllm",
+        r"(\S+\s+)*+vllm",  # possessive: never gives back
+        r"(?>\S+\s+)*vllm",  # atomic
+        r"(\S+\s+){0,16}vllm",  # bounded
+        r"(a|b)*c",  # no repetition inside
+        SHIPPED,
+    ],
+)
+def test_patterns_that_cannot_backtrack_without_end_load(pattern: str) -> None:
+    check_pattern(pattern)
+    parse_profile(profile({"cmdline": pattern}), "t.toml")
+
+
+def test_every_shipped_profile_has_the_possessive_pattern() -> None:
+    for path in sorted((REPO / "profiles").glob("*.toml")):
+        for rule in tomllib.loads(path.read_text()).get("process", []):
+            got = rule.get("match", {}).get("cmdline")
+            assert got in (None, SHIPPED), (path.name, got)
+
+
+def test_the_shipped_pattern_still_matches_the_servers() -> None:
+    shipped = SHIPPED
+    for line in (
+        "/usr/bin/python3 /usr/local/bin/vllm serve m",
+        "python3 -m sglang.launch_server --model m",
+        "python3 -X faulthandler -m sglang.launch_server",
+        "python3 -W ignore -m vllm.entrypoints.openai.api_server",
+        "python3.11 -u -m torchrun x",
+    ):
+        assert re.search(shipped, line), line
+    for line in ("gputuned --profile dedicated-inference.toml", "vim vllm.py", "python3 x vllm"):
+        assert not re.search(shipped, line), line
+    # The line that kept the old pattern busy for minutes is answered at once.
+    t0 = time.thread_time()
+    assert not re.search(shipped, "python3 " + "-X -X " * 40 + "y")
+    assert time.thread_time() - t0 < 1.0
+
+
+def test_a_search_past_its_cpu_budget_is_stopped_and_the_pattern_suspended() -> None:
+    s = Searches(budget_s=0.05)
+    t0 = time.thread_time()
+    assert s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="match.cmdline x", pid=41, safe=False) is False
+    # Unstopped this search runs for hours; stopped, it used about its budget.
+    assert time.thread_time() - t0 < 5.0
+    (note,) = s.notes()
+    assert "pid 41" in note and "suspended until the profile is applied again" in note
+    # Suspended: not run again (an exclude answers "left out"), until reset.
+    t1 = time.thread_time()
+    assert s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="x", pid=42, safe=True) is True
+    assert time.thread_time() - t1 < 0.01
+    s.reset()
+    assert s.notes() == [] and s.search(AMBIGUOUS, "aaa", what="x", pid=43, safe=False)
+
+
+def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path: Path) -> None:
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    for pid in (6200, 6201):
+        add_process(
+            root, pid, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+            start_time=pid, uid=SERVER_UID,
+        )  # fmt: skip
+    prof = parse_profile(profile({"cmdline": AMBIGUOUS}), "t.toml")
+    t0 = time.thread_time()
+    plan = plan_profile(Host(root), prof, allow_blocked=True)
+    assert time.thread_time() - t0 < 10.0  # two searches of hours each, stopped at 50 ms
+    assert not [c for c in plan.settings if c.tuner == "process"]
+    notes = [n for n in plan.notes if "suspended" in n]
+    assert len(notes) == 1 and "match.cmdline" in notes[0], plan.notes
+
+
+def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputuned.daemon import Daemon
+    from gputuned.host.control import PeerCred
+
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    add_process(
+        root, 6300, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+        start_time=63, uid=SERVER_UID,
+    )  # fmt: skip
+    prof = tmp_path / "p.toml"
+    prof.write_text(
+        'name = "t"\n[[process]]\nname = "srv"\n'
+        f"match.user = {SERVER_USER!r}\nmatch.cmdline = {AMBIGUOUS!r}\nnice = -5\n"
+    )
+    d = Daemon(Host(root), profile_path=prof)
+    d.start()
+    try:
+        notes = d._handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]
+        assert any("suspended until the profile is applied again" in n for n in notes), notes
+        assert 6300 not in d.placed
+        remove_process(root, 6300)
+        add_process(
+            root, 6301, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+            start_time=64, uid=SERVER_UID,
+        )  # fmt: skip
+        d._reapply("udev")  # the daemon's own re-plan: still suspended, not searched
+        (note,) = SEARCHES.notes()
+        assert "pid 6300" in note
+        d._apply_full("reload")  # applied again: searched again (and suspended again)
+        (note,) = SEARCHES.notes()
+        assert "pid 6301" in note
+    finally:
+        assert d.stop() == 0
