@@ -7,8 +7,10 @@ note a plan or the daemon adds (``notes.append``, ``setup_notes.append``), every
 reason built in an f-string is split at its placeholders; each literal piece of 10 characters
 or more must appear in the page word for word (whitespace aside), so the page quotes it as it
 prints, with ``<...>`` where the value goes. A reason held in a variable is followed to its
-assignments in the same function (or the module); one that comes from elsewhere (an attribute, an exception)
-must be in ``DYNAMIC`` below with where its text comes from, and that list is checked both ways.
+assignments in the same function (or the module); one that comes from elsewhere (an attribute,
+an exception) must be in ``DYNAMIC`` below with where its text comes from, and that list is
+checked both ways. Not covered: the text of errors raised elsewhere and shown inside a
+placeholder (``not possible here: {exc}``); the page names their classes, which is checked.
 """
 
 from __future__ import annotations
