@@ -370,7 +370,8 @@ def _expected(annotation: Any) -> str:
         return "an array"
     if origin is dict or _is_model(annotation):
         return "a table"
-    return {int: "an integer", bool: "true or false", str: "a string"}.get(annotation, "a value")
+    kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return kinds.get(annotation, "a value")
 
 
 def _toml_type(value: object) -> str:
@@ -643,7 +644,9 @@ def _type_text(annotation: Any) -> str:
         return "table of tables"
     if _is_model(annotation):
         return "table"
-    return {int: "integer", bool: "boolean", str: "string"}.get(annotation, str(annotation))
+    # A float key takes an integer too (pydantic's lax mode): "number", as a profile writes it.
+    kinds = {int: "integer", float: "number", bool: "boolean", str: "string"}
+    return kinds.get(annotation, str(annotation))
 
 
 def _toml_value(value: object) -> str:

@@ -292,7 +292,7 @@ class CpusetTuner:
         # cpuset.cpus.exclusive(.effective) holds any, and nothing changes. A cpuset.cpus
         # write is not refused on cgroup v2: it turns every sibling partition it overlaps
         # "root invalid" (update_cpumask()), and that partition stays invalid (finding F1,
-        # docs/reliability.md). Once the claim is in, cpuset.cpus overlaps no partition (the
+        # docs/dev/reliability.md). Once the claim is in, cpuset.cpus overlaps no partition (the
         # kernel compares siblings by their exclusive CPUs), and the exclusive set need not be
         # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
         # cpuset.cpus, and the claim is let go last.

@@ -4,7 +4,7 @@ One Debian 13 guest (Linux 6.12, systemd, qemu-guest-agent) for the whole module
 TCG on a per-run overlay of a cached image (tests/e2e/vm/image.py, machine.py). The tests are
 the steps of one scenario and run in file order; a step that needs an earlier one fails, naming
 it. Each step is timed, and a table of steps, seconds and what was asserted is printed at the
-end of the pytest run. docs/e2e-vm.md says how to run it and what each step proves.
+end of the pytest run. docs/dev/e2e-vm.md says how to run it and what each step proves.
 
 The guest's "GPU" is QEMU's e1000e behind the switch, made to read as an NVIDIA 3D controller
 in its config header by a small module (tests/e2e/vm/fakegpu); every PCIe register gputuned
@@ -616,7 +616,7 @@ def test_neighbour_partition(lane: Lane) -> None:
         "the neighbour stays a valid root partition, the kernel refuses an exclusive claim on "
         "its CPUs; neighbour removed, capture = before",
     ) as ph:
-        # The same script the H200 host runs (finding F1, docs/reliability.md), on this kernel.
+        # The same script the H200 host runs (finding F1, docs/dev/reliability.md), on this kernel.
         m.put(f"{GUEST_DIR}/f1.sh", (REPO / "scripts/device/f1.sh").read_bytes())
         res = sh(
             m,

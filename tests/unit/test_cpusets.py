@@ -119,7 +119,7 @@ def test_shipped_profiles_give_every_gpu_its_own_whole_cores_on_its_node(
 
 
 def test_shipped_profiles_on_the_16_cpu_gpu_host_are_what_was_measured() -> None:
-    # One GPU, no SMT: the sets the H200 measurements were made with (docs/benchmarks.md).
+    # One GPU, no SMT: the sets the H200 measurements were made with (docs/dev/benchmarks.md).
     expected = {
         "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-8")},
         "dedicated-inference": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
