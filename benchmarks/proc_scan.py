@@ -2,7 +2,7 @@
 
     python3 benchmarks/proc_scan.py [--rounds 7] [--scans 20] [--json FILE]
 
-Two reads matter for speed (docs/benchmarks.md, "psutil"):
+Two reads matter for speed (docs/dev/benchmarks.md, "psutil"):
 
 - **the full plan's process scan**: every process's comm, command line, parent and start time
   (``gputuned.kernel.proc.iter_processes(kernel, brief=True)``; rules are matched on these, and

@@ -38,7 +38,7 @@ from gputuned.kernel.oserrors import translate
 from gputuned.kernel.port import TREE_META, Kernel
 from gputuned.kernel.tasks import where
 
-#: Crash tests: "kill-before-write:N" / "kill-after-write:N" (docs/reliability.md).
+#: Crash tests: "kill-before-write:N" / "kill-after-write:N" (docs/dev/reliability.md).
 FAILPOINT_ENV = "GPUTUNED_FAILPOINT"
 _ERRNO_NAMES = {name: getattr(E, name) for name in dir(E) if name.startswith("E")}
 
@@ -114,6 +114,9 @@ class FaultKernel(KernelBase):
         self._check_fault("rmdir", hpath)
         self.inner.rmdir(hpath)
         self._wrote(WriteRecord(f"{hpath}:rmdir", b""))
+
+    def char_device(self, hpath: str) -> tuple[int, int] | None:
+        return self.inner.char_device(hpath)
 
     def thread_group(self, tid: int) -> int:
         return self.inner.thread_group(tid)

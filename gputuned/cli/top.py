@@ -96,9 +96,12 @@ def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
 def _rule_targets(kernel: Kernel) -> Targets:
     from gputuned.engine.apply import read_active
     from gputuned.engine.plan import journal_originals
+    from gputuned.kernel.pci import scan
     from gputuned.kernel.proc import ProcInfo, iter_processes, read_process
+    from gputuned.kernel.system import read_host_cpus
     from gputuned.profile.load import parse_profile
     from gputuned.store.state import ACTIVE
+    from gputuned.tuners.gpuuse import gpu_use
     from gputuned.tuners.proctree import ClaimInput, claim, journal_key
 
     active = read_active(kernel)
@@ -109,9 +112,10 @@ def _rule_targets(kernel: Kernel) -> Targets:
         )
     profile = parse_profile(active["profile"], ACTIVE)
     rules = profile.process
-    gpu_pids: dict[int, frozenset[int]] = {}
-    if any(r.match.uses_gpu is not None for r in rules):
-        gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(kernel) or []}
+    gpu_rules = any(r.match.uses_gpu is not None for r in rules)
+    nvml = read_gpus(kernel) if gpu_rules else None
+    refs = read_host_cpus(kernel, scan(kernel, gpu_trees_only=True), nvml).gpus if gpu_rules else ()
+    uses = gpu_use(kernel, refs, nvml).of
     uids = {r.match.user: kernel.user_id(r.match.user) for r in rules if r.match.user}
     original = journal_originals(kernel, None)
 
@@ -125,7 +129,7 @@ def _rule_targets(kernel: Kernel) -> Targets:
         iter_processes(kernel, brief=True),
         ClaimInput(
             rules,
-            gpu_pids,
+            uses,
             uids,
             {},
             {},

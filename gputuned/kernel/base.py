@@ -102,6 +102,15 @@ class KernelBase:
         with translating("read link", hpath):
             return os.readlink(self._real(hpath))
 
+    def char_device(self, hpath: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._real(hpath))
+        except OSError:
+            return None  # closed since the listing, or not ours to read
+        if not stat.S_ISCHR(st.st_mode):
+            return None
+        return os.major(st.st_rdev), os.minor(st.st_rdev)
+
     def mode(self, hpath: str) -> int:
         with translating("stat", hpath):
             return stat.S_IMODE(os.stat(self._real(hpath)).st_mode)

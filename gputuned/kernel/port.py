@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-#: Name of the metadata file at the top of a captured or built host tree (docs/trees.md).
+#: Name of the metadata file at the top of a captured or built host tree (docs/dev/trees.md).
 TREE_META = "gputuned-tree.json"
 
 
@@ -84,6 +84,11 @@ class Kernel(Protocol):
         ...
 
     def readlink(self, hpath: str) -> str: ...
+
+    def char_device(self, hpath: str) -> tuple[int, int] | None:
+        """(major, minor) of the character device ``hpath`` leads to (a descriptor under
+        /proc/PID/fd); None for anything else, or when it is gone or not ours to read."""
+        ...
 
     def mode(self, hpath: str) -> int:
         """Permission bits of a file."""

@@ -143,7 +143,8 @@ def _expected(annotation: Any) -> str:
         return "an array"
     if origin is dict or is_model(annotation):
         return "a table"
-    return {int: "an integer", bool: "true or false", str: "a string"}.get(annotation, "a value")
+    kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return kinds.get(annotation, "a value")
 
 
 def _toml_type(value: object) -> str:

@@ -127,7 +127,9 @@ def _type_text(annotation: Any) -> str:
         return "table of tables"
     if is_model(annotation):
         return "table"
-    return {int: "integer", bool: "boolean", str: "string"}.get(annotation, str(annotation))
+    # A float key takes an integer too (pydantic's lax mode): "number", as a profile writes it.
+    kinds = {int: "integer", float: "number", bool: "boolean", str: "string"}
+    return kinds.get(annotation, str(annotation))
 
 
 def _toml_value(value: object) -> str:

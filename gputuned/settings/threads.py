@@ -107,7 +107,9 @@ class Policy(ThreadAttribute):
 
     def not_possible(self, op: Op, exc: errors.GputunedError) -> str | None:
         # A real-time policy in a cgroup without an RT budget (kernel/tasks.py RT_REFUSED).
-        return str(exc) if isinstance(exc, errors.PermissionDenied) else None
+        if isinstance(exc, errors.PermissionDenied):
+            return str(exc)
+        return None
 
     def valid(self, value: str) -> bool:
         return _POLICY.fullmatch(value) is not None

@@ -1,6 +1,6 @@
 """The simulated backend of the kernel port: a host tree under a folder (``--root DIR``).
 
-A tree is what ``gputunectl capture`` copies from a machine (docs/trees.md), or what
+A tree is what ``gputunectl capture`` copies from a machine (docs/dev/trees.md), or what
 tests/data/build_trees.py builds. Reads are plain file reads under the root. Writes, ``mkdir``
 and ``rmdir`` go through the kernel model (:mod:`gputuned.sim.model`), thread operations edit
 the tree's ``/proc`` (:mod:`gputuned.sim.tasks`), and a remount rewrites its mount tables
@@ -85,6 +85,21 @@ class SimKernel(KernelBase):
     def set_affinity(self, tid: int, cpus: frozenset[int]) -> None:
         pid = self._thread_op(tid, "affinity")
         tasks.set_affinity(self.model, pid, tid, cpus)
+
+    def char_device(self, hpath: str) -> tuple[int, int] | None:
+        """A tree holds no device nodes: a descriptor is a link whose target the tree meta's
+        ``char_devices`` maps to (major, minor)."""
+        try:
+            target = self.readlink(hpath)
+        except errors.HostError:
+            return None
+        known = self.meta.get("char_devices")
+        if not isinstance(known, dict):
+            return None
+        num = known.get(target)
+        if isinstance(num, list) and len(num) == 2 and all(isinstance(n, int) for n in num):
+            return num[0], num[1]
+        return None
 
     def set_scheduler(self, tid: int, policy: str, priority: int) -> None:
         pid = self._thread_op(tid, "scheduler")

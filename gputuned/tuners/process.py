@@ -40,6 +40,20 @@ A thread already on a CPU of the set that suits it stays there, so re-plans and 
 move only what must move; a child that inherited its parent's CPU at fork gets its own. Give
 the set more CPUs than the server has processes.
 
+`by_gpu` places each process of the tree on the CPUs of the GPU it uses, for tensor-parallel
+servers on hosts with several NUMA nodes: each worker on its own GPU's node (that GPU's member
+of the `cpus` set; with `move_to_partition`, the partition holding it, so `[cpuset]
+partitions = "gpu"` or `"node"` work). Which GPU a process uses: NVML's process list, the
+`/dev/nvidiaN` nodes it has open (char major 195), and `CUDA_VISIBLE_DEVICES` /
+`NVIDIA_VISIBLE_DEVICES` from its environment at exec (docs/multi-gpu.md says how they are
+mapped, and what happens when CUDA's device order cannot be known). Processes of the tree that
+use no GPU (API server, tokenizer workers) go where `without_gpu` says: by default with the GPUs
+the rest of their tree uses. A process using GPUs of two partitions cannot be in both: it
+stays outside the partitions with affinity to the CPUs of its GPUs' nodes that no partition
+holds, and `plan` says so. A process that opens its GPU after it started is placed when the
+daemon next looks: every `[daemon] gpu_scan_interval_s` (device nodes of the processes it
+placed) and `nvml_interval_s` (NVML).
+
 Confining a server to few CPUs can cost throughput; the best count depends on host and workload,
 so the CPU sets in `[cpusets]` say it explicitly: measure before settling on one.
 
@@ -63,7 +77,8 @@ Match keys:
   or atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
   stopped and its pattern suspended until the profile is applied again (it matches nothing;
   a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
-- `uses_gpu`: the process has this GPU (index) open.
+- `uses_gpu`: the process uses this GPU (index): NVML lists it, it has `/dev/nvidiaN` open, or
+  its `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` name it.
 
 Who may have it: `exe`, `comm`, `cmdline` and `uses_gpu` are every local user's to choose (a
 script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative nice, a
@@ -157,7 +172,12 @@ class Match(BaseModel):
         description="Prefix of the cgroup v2 path as /proc/PID/cgroup shows it, starting with '/'.",
     )
     uses_gpu: StrictInt | None = Field(
-        default=None, ge=0, description="Index of a GPU the process has open."
+        default=None,
+        ge=0,
+        description=(
+            "Index of a GPU the process uses (NVML, its open /dev/nvidiaN, or its "
+            "CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES)."
+        ),
     )
 
     @field_validator("exe")
@@ -324,6 +344,23 @@ class Config(BaseModel):
             "gets a CPU of its own (matched processes first, then descendants by start time) "
             "while one is left for the other threads, which share the rest evenly. Threads "
             "already placed stay where they are."
+        ),
+    )
+    by_gpu: StrictBool = Field(
+        default=False,
+        description=(
+            "Place each process on the CPUs of the GPU it uses (NVML, its open /dev/nvidiaN, "
+            "its CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES): that GPU's member of the "
+            "cpus set and, with move_to_partition, the partition holding it. A process using "
+            "GPUs in two partitions stays outside them, on its GPUs' nodes' CPUs that no "
+            "partition holds."
+        ),
+    )
+    without_gpu: StrictStr = Field(
+        default="tree",
+        description=(
+            "With by_gpu: where a process of the tree that uses no GPU goes: 'tree' (with the "
+            "GPUs the rest of its tree uses) or the name of a [cpusets] set."
         ),
     )
     children: Literal["follow", "ignore"] = Field(

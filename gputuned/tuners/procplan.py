@@ -14,6 +14,7 @@ from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.kernel.system import cgroup_cpus, nearest_cgroup
 from gputuned.settings.threads import DEFAULT_AFFINITY, policy_value
 from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.gpuplace import Target, by_gpu_targets
 from gputuned.tuners.process import Config
 from gputuned.tuners.proctree import (
     Claim,
@@ -47,6 +48,7 @@ class ProcessTuner:
         thread) are read whole."""
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
+        targets = by_gpu_targets(ctx, claims, out.notes)
         out.notes += SEARCHES.notes()
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
@@ -65,7 +67,7 @@ class ProcessTuner:
             if p.role == "excluded":
                 out.changes += self._give_back(ctx, p)
             else:
-                out.changes += self._plan_proc(ctx, p, spreads.get(pid))
+                out.changes += self._plan_proc(ctx, p, spreads.get(pid), targets.get(pid))
         return out, claims
 
     def _read_all(
@@ -117,7 +119,9 @@ class ProcessTuner:
         origin_of[pid] = orig
         return _Placing(rule, full, c, orig, tuned)
 
-    def _plan_proc(self, ctx: PlanContext, p: _Placing, spread: Spread | None) -> list[Change]:
+    def _plan_proc(
+        self, ctx: PlanContext, p: _Placing, spread: Spread | None, target: Target | None = None
+    ) -> list[Change]:
         """Settings for one process, in apply order: nice, policy, cgroup, then affinity.
 
         The move comes before the affinity: once a partition holds its CPUs they leave every
@@ -152,13 +156,19 @@ class ProcessTuner:
                 orig,
                 tuned,
             )
-        if tuned.cgroup is not None:
+        if target is not None:  # by_gpu: its GPU's partition, or out of every one
+            self._move_by_gpu(ctx, w, p, target)
+        elif tuned.cgroup is not None:
             w.move(tuned.cgroup, orig.get("cgroup") if proc.cgroup == tuned.cgroup else None)
         if rule.cpus != "keep":
-            cpus = ctx.sets.sets[rule.cpus]
+            cpus = ctx.sets.sets[rule.cpus] if target is None else target.cpus
+            if target is not None and not cpus:
+                return w.out  # no CPU of its nodes is outside the partitions (noted)
             if spread is None:
                 plan = {t.tid: cpus for t in threads}
                 shown = format_cpulist(cpus)
+                if target is not None and target.why:
+                    shown += f" ({target.why})"
             else:  # one CPU a thread, planned with the rest of the tree (tuners/spread.py)
                 plan = {t.tid: frozenset({spread.cpu[t.tid]}) for t in threads}
                 shown = spread.describe(proc.pid, plan)
@@ -180,6 +190,18 @@ class ProcessTuner:
             )
         return w.out
 
+    @staticmethod
+    def _move_by_gpu(ctx: PlanContext, w: ChangeWriter, p: _Placing, target: Target) -> None:
+        """Into the partition of its GPU; or, using GPUs of two partitions, back out of the
+        one it is in (to where it came from: its original cgroup, or the nearest existing
+        ancestor of it)."""
+        in_ours = p.tuned.shows("cgroup", p.proc.cgroup)
+        origin = p.orig.get("cgroup") if in_ours else None
+        if target.cgroup is not None:
+            w.move(target.cgroup, origin)
+        elif target.leave and in_ours and origin is not None:
+            w.move(nearest_cgroup(ctx.kernel, ctx.cgroup.v2_mount or "", origin), origin)
+
     def _give_back(self, ctx: PlanContext, p: _Placing) -> list[Change]:
         """A descendant the rule leaves out: where it shows what the placement passed on at
         fork, it gets its ancestor's original instead (journaled as its own, so revert leaves
@@ -191,7 +213,7 @@ class ProcessTuner:
             if was is None:
                 continue
             if attr == "cgroup":
-                if tuned.cgroup is not None and proc.cgroup == tuned.cgroup:
+                if tuned.shows("cgroup", proc.cgroup):
                     mount = ctx.cgroup.v2_mount or ""
                     w.move(nearest_cgroup(ctx.kernel, mount, was), was)
                 continue
