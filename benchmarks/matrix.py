@@ -75,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
         action="store_true",
         help="CPU stand-in and sub-second windows: checks the run end to end, measures nothing",
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="no run: pool the blocks of earlier runs' matrix.json (each run with "
+        "--keep-latencies) into one summary in --out",
+    )
     mine, rest = ap.parse_known_args(argv)
     scenarios = [s.strip() for s in mine.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
@@ -275,8 +283,32 @@ def figure(matrix_rows: list[dict[str, Any]], path: Path, title: str) -> str:
     return nn.plot(series, path, title, goal_p99=GOAL_P99, legend="{}")
 
 
+def merge(mine: argparse.Namespace) -> int:
+    """One summary over the blocks of several runs (calls of the device tool): each block's
+    ratios are to its own clean windows, so blocks of different runs pool as they are."""
+    windows: list[dict[str, Any]] = []
+    for i, path in enumerate(mine.merge, 1):
+        doc = json.loads(path.read_text())
+        for w in doc["windows"]:
+            if "lat_ms" not in w:
+                sys.exit(f"{path}: windows without their tokens; run with --keep-latencies")
+            windows.append({**w, "round": f"{i}.{w['round']}", "_lat": w["lat_ms"]})
+    if not windows:
+        sys.exit("nothing to merge: no finished block in those files")
+    summary = summarizer(mine)(windows)
+    mine.out.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "matrix", "merged": [str(p) for p in mine.merge], "summary": summary}
+    (mine.out / "matrix-merged.json").write_text(json.dumps(doc, indent=1) + "\n")
+    title = f"scenario matrix - {len(mine.merge)} runs pooled - per-block ratios to clean"
+    figure(summary["rows"], mine.out / "matrix-merged.png", title)
+    print(f"{title}\n{table(summary['rows'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     mine, args = parse_args(argv)
+    if mine.merge:
+        return merge(mine)
     kinds = noise_kinds(mine.scenarios)
     pin = pin_cpus(mine, args)
     shape = args.shape + (f", {args.order}" if args.shape == "server" else "")
@@ -296,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     how = figure(matrix_rows, args.out / "matrix.png", title) if matrix_rows else "no figure"
     print(f"\n{title}\n{table(matrix_rows)}")
     for note in result.get("skipped", []):
-        print(f"skipped: {note}")
+        print(note)
     back = [g["host_back"] for g in result.get("gputuned", [])]
     pinned = [p["put_back"] for p in result.get("pinned", [])]
     print(
