@@ -933,7 +933,7 @@ class Block:
     ) -> None:
         self.ctx, self.noise_kind, self.rnd = ctx, noise_kind, rnd
         self.args, self.worker = ctx["args"], ctx["worker"]
-        self.steps = steps if steps is not None else default_steps(self.args, bool(ctx["gputuned"]))
+        self.steps = steps  # None: default_steps, when run
         self.windows: list[dict[str, Any]] = []
         self.noise: Noise | None = None  # running: each window also measures its work
 
@@ -942,6 +942,8 @@ class Block:
         noise = Noise(
             self.ctx["children"], self.noise_kind, self.ctx["counts"], self.ctx["disk_dir"]
         )
+        if self.steps is None:
+            self.steps = default_steps(args, bool(self.ctx["gputuned"]))
         self.measure("clean")
         # A daemon-first window starts a server of its own: its start-up (model, CUDA) too.
         extra = 120 + 90 * sum(1 for s in self.steps if s[1:] and s[-1] == "daemon-first")
