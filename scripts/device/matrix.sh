@@ -66,6 +66,10 @@ for shape in "${shapes[@]}"; do
     >"$dir/matrix.log" 2>&1
   echo "matrix $shape exit $? (at ${SECONDS} s); every window in $dir/matrix.log"
   grep -v '^  round ' "$dir/matrix.log" | tail -30
+  if ! grep -q '^| scenario ' "$dir/matrix.log" && [ -f "$dir/matrix.json" ]; then
+    echo "(cut short: the table of the blocks it finished)"  # matrix.json is written in any case
+    python3 benchmarks/matrix.py --out "$dir/finished" --merge "$dir/matrix.json" 2>&1 | tail -20
+  fi
 done
 ctl capture --stable "$cap/after" >/dev/null 2>&1
 echo "== capture diff (before vs after; capture --stable)"
