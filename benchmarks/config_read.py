@@ -8,7 +8,7 @@ bytes (a new open each time, as a plan does), 5 reads of 4 bytes on one open fil
 span, as ``Host.read_bytes`` does), and the same sizes through ``/proc/bus/pci`` (which skips sysfs's
 runtime-PM get/put around the read). Median microseconds of N tries each. Under PCIe
 passthrough each access can trap to the hypervisor: this says whether a read costs per call
-or per byte, which decides how gputuned reads config space (docs/benchmarks.md). Nothing is
+or per byte, which decides how gputuned reads config space (docs/dev/benchmarks.md). Nothing is
 written.
 """
 

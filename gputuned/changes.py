@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from gputuned.inspect import Snapshot
     from gputuned.profile import Profile
     from gputuned.topology import HostCpus
+    from gputuned.tuners.gpuuse import GpuUse
     from gputuned.tuners.proctree import Claim
     from gputuned.tuners.spread import Held
 
@@ -108,6 +109,8 @@ class PlanContext:
     held: dict[int, Held] = field(default_factory=dict)
     #: The journaled original of a setting by its key, None when it is not journaled.
     original: Callable[[str], str | None] = field(default=lambda _key: None)
+    #: Which GPUs a process uses (NVML, device nodes, environment), read when first asked.
+    gpu_use: GpuUse | None = None
 
 
 class Tuner(Protocol):

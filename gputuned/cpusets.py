@@ -157,6 +157,11 @@ def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
     if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
         refs.append(("cpuset.cpus", p.cpuset.cpus, False))
     refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
+    refs += [
+        (f"process[{i}].without_gpu", r.without_gpu, False)
+        for i, r in enumerate(p.process)
+        if r.by_gpu and r.without_gpu != "tree"
+    ]
     if p.bootargs:
         for k in _BOOT_SET_KEYS:
             if getattr(p.bootargs, k) is not None:
@@ -165,11 +170,9 @@ def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
 
 
 def check_partitions(p: Profile) -> Problems:
-    """Several partitions need a set that has members, and no process rule moving into one.
-
-    A process can be in one cgroup only, and gputuned does not yet choose a partition per
-    process (by the GPU it uses): with several partitions a move_to_partition rule has no
-    single place to go, so the profile says so instead of picking one.
+    """Several partitions need a set that has members, and a process rule moving into one
+    must choose it by the GPU each process uses (``by_gpu``): a process can be in one cgroup
+    only, and without by_gpu there is no single place for it to go.
     """
     cs = p.cpuset
     if cs is None or cs.partitions == "one" or cs.cpus not in p.cpusets:
@@ -186,14 +189,14 @@ def check_partitions(p: Profile) -> Problems:
             )
         )
     for i, rule in enumerate(p.process):
-        if rule.move_to_partition:
+        if rule.move_to_partition and not rule.by_gpu:
             problems.append(
                 (
                     f"process[{i}].move_to_partition",
                     f"[cpuset] partitions = {cs.partitions!r} makes several partitions and a "
-                    "process can be in only one; gputuned does not yet choose one per process. "
-                    "Use partitions = 'one' (one partition over every node, sets and IRQs "
-                    "still per GPU), or move_to_partition = false",
+                    "process can be in only one; set by_gpu = true (each process into the "
+                    "partition of the GPU it uses), use partitions = 'one', or "
+                    "move_to_partition = false",
                 )
             )
     return problems
@@ -306,8 +309,8 @@ def partition_layout(cfg: CpusetConfig, sets: ResolvedCpus, host: HostCpus) -> l
 
     Siblings rather than children of one gputuned cgroup: a partition's parent must itself be
     a partition root (cgroup-v2.rst, "cpuset.cpus.partition"), and a parent whose CPUs all go
-    to its children can hold no task. Issue "processes per GPU" moves each server process into
-    the partition of its GPU; until then [[process]] rules need partitions = "one".
+    to its children can hold no task. With several, a [[process]] rule moves each process into
+    the partition of its GPU (by_gpu, tuners/gpuplace.py).
     """
     assert cfg.cpus is not None
     cpus = sets.sets[cfg.cpus]

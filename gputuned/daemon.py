@@ -73,6 +73,7 @@ from gputuned.journal import Journal
 from gputuned.profile import Profile, load_profile, parse_profile
 from gputuned.textsafe import printable
 from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.proctree import OWN_COMMS
 from gputuned.tuners.spread import Held, held_threads
@@ -392,6 +393,7 @@ class Daemon:
         for f in report.failed:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
         self._refresh_placed()
+        self._settle_gpu_use()
         self._verify()
         return report
 
@@ -479,6 +481,50 @@ class Daemon:
                 len(report.written),
                 (time.perf_counter() - t0) * 1e3,
             )
+
+    def _settle_gpu_use(self) -> None:
+        """After a full apply, place the ``by_gpu`` trees once more against this context's
+        reading of their GPU use: a GPU opened between the apply's plan and now would
+        otherwise look unchanged to every later scan (nothing is written where nothing
+        changed)."""
+        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
+            return
+        rules = {r.name for r in self.profile.process if r.by_gpu}
+        mine = sorted(pid for pid, c in self.claims.items() if c.rule in rules)
+        if mine:
+            self._place(mine, "GPU use at apply")
+
+    def _gpu_scan(self) -> None:
+        """``by_gpu`` rules: has a process placed by one, and without a GPU open then, opened
+        one since? The kernel announces no open(2), so the device nodes of those processes are
+        read again (tuners/gpuuse.py); a change re-plans the whole tree, since its processes
+        that use no GPU go with the GPUs the tree uses. NVML's answers change with the full
+        re-plan every nvml_interval_s."""
+        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
+            return
+        rules = {r.name for r in self.profile.process if r.by_gpu}
+        use = self.ctx.gpu_use
+        # Only processes that have not opened a GPU yet: one that has is placed on it, and
+        # reading every descriptor of every worker each scan would cost the most on the
+        # busiest processes (a CUDA process may later open its peers' nodes too).
+        mine = [pid for pid, c in self.claims.items() if c.rule in rules and pid not in use.opened]
+        if not mine:
+            return
+        before = {pid: use.of(pid) for pid in mine}
+        use.forget(set(mine))
+        changed = [pid for pid in mine if use.of(pid) != before[pid]]
+        if not changed:
+            return
+        roots = tree_roots(self.claims)
+        trees = {roots.get(pid, pid) for pid in changed}
+        for pid in changed:
+            log.info(
+                "daemon: pid %d now uses GPU(s) %s (was %s)",
+                pid,
+                sorted(use.of(pid)) or "none",
+                sorted(before[pid]) or "none",
+            )
+        self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
 
     def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
         """A placement's settings join those the drift check re-reads, replacing the same
@@ -671,11 +717,14 @@ class Daemon:
             self._next["watchdog"] = t + wd
         if self.profile is not None:
             self._next["drift"] = t + self.profile.daemon.drift_interval_s
-            if any(r.match.uses_gpu is not None for r in self.profile.process):
+            rules = self.profile.process
+            if any(r.match.uses_gpu is not None or r.by_gpu for r in rules):
                 self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+            if any(r.by_gpu for r in rules):
+                self._next["gpuscan"] = t + self.profile.daemon.gpu_scan_interval_s
         else:
-            self._next.pop("drift", None)
-            self._next.pop("nvml", None)
+            for timer in ("drift", "nvml", "gpuscan"):
+                self._next.pop(timer, None)
 
     def _timers(self) -> None:
         t = now()
@@ -699,6 +748,9 @@ class Daemon:
         if self._next.get("nvml", float("inf")) <= t:
             self._reapply("nvml")
             self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+        if self._next.get("gpuscan", float("inf")) <= t:
+            self._gpu_scan()
+            self._next["gpuscan"] = now() + self.profile.daemon.gpu_scan_interval_s
 
     # -- control socket -----------------------------------------------------------------------
 

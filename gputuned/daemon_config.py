@@ -33,7 +33,13 @@ class Config(BaseModel):
         default=30.0,
         ge=1,
         le=3600,
-        description="Seconds between NVML looks for processes that newly opened a GPU (rules with match.uses_gpu; NVML has no events).",
+        description="Seconds between NVML looks for processes that newly opened a GPU (rules with match.uses_gpu or by_gpu; NVML has no events).",
+    )
+    gpu_scan_interval_s: float = Field(
+        default=2.0,
+        ge=0.2,
+        le=3600,
+        description="With by_gpu rules: seconds between reads of the GPU device nodes (/proc/PID/fd) of the processes placed without a GPU open, so a process that opens its GPU after it started moves to that GPU's CPUs within this time (the kernel announces no open).",
     )
     revert_on_shutdown: StrictBool = Field(
         default=True,

@@ -28,6 +28,7 @@ from gputuned.inspect import snapshot
 from gputuned.journal import Journal
 from gputuned.layout import plan_layout
 from gputuned.profile import Profile
+from gputuned.tuners.gpuuse import gpu_use
 from gputuned.tuners.proctree import Claim
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,8 @@ def read_context(
     by unit is matched by the cgroup it came from); without one it is read here."""
     pp = profile.pcie_payload
     rules = profile.process
-    need_nvml = any(r.match.uses_gpu is not None for r in rules) or (
-        pp is not None and pp.mps != "keep"
-    )
+    gpu_rules = any(r.match.uses_gpu is not None or r.by_gpu for r in rules)
+    need_nvml = gpu_rules or (pp is not None and pp.mps != "keep")
     snap = snapshot(host, nvml=need_nvml, gpu_trees_only=True)
     cpus = read_host_cpus(host, snap.topo, snap.nvml)
     # Which node each IRQ's device sits on matters only where there are several nodes.
@@ -116,6 +116,7 @@ def read_context(
         registered=dict(registered or {}),
         irq_nodes=irq_nodes,
         original=journal_originals(host, journal),
+        gpu_use=gpu_use(host, cpus.gpus, snap.nvml) if gpu_rules else None,
     )
 
 
@@ -211,6 +212,8 @@ def plan_processes(
     every thread of the process (ProcessTuner.plan_tree)."""
     from gputuned.tuners.process import ProcessTuner
 
+    if ctx.gpu_use is not None:
+        ctx.gpu_use.forget(set(pids))  # a new exec, or a GPU opened since the last look
     procs = []
     for pid in pids:
         try:

@@ -15,7 +15,7 @@ Records of process settings (nice, CPUs, policy, cgroup of a process) are append
 fsync: such a setting ends with its process, and every process ends when the kernel does, so
 the record need only outlive the daemon, and a daemon killed after ``write`` returned leaves
 the line in the page cache for the next start. Where /run is on a disk that others write to,
-that fsync was most of a placement's time (issue 20, docs/benchmarks.md).
+that fsync was most of a placement's time (issue 20, docs/dev/benchmarks.md).
 
 A ``save`` that names anything gputuned does not write (:mod:`gputuned.opcheck`), or that is not
 a well-formed entry, is *rejected*: it is never restored, revert reports it, and compaction keeps

@@ -370,7 +370,8 @@ def _expected(annotation: Any) -> str:
         return "an array"
     if origin is dict or _is_model(annotation):
         return "a table"
-    return {int: "an integer", bool: "true or false", str: "a string"}.get(annotation, "a value")
+    kinds = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    return kinds.get(annotation, "a value")
 
 
 def _toml_type(value: object) -> str:
@@ -479,6 +480,19 @@ def _check_process_rules(p: Profile) -> Problems:
                 "'keep', or move_to_partition = false"
             )
             problems.append((f"{at}.cpus", msg))
+        if rule.by_gpu and rule.cpus == "keep":
+            msg = "places each process on its GPU's CPUs of a set: give cpus = a [cpusets] name"
+            problems.append((f"{at}.by_gpu", msg))
+        if rule.by_gpu and rule.spread_threads:
+            msg = (
+                "spread_threads plans one CPU a thread over one set for the whole tree, and "
+                "by_gpu gives each process its own GPU's CPUs: the two are not combined yet; "
+                "use [cpuset] mode = 'root' (the scheduler balances inside each partition)"
+            )
+            problems.append((f"{at}.spread_threads", msg))
+        if rule.without_gpu != "tree" and not rule.by_gpu:
+            msg = "only has a meaning with by_gpu = true; remove it or set by_gpu"
+            problems.append((f"{at}.without_gpu", msg))
         if rule.spread_threads and not (rule.move_to_partition and mode == "isolated"):
             msg = (
                 "works only inside an isolated partition: needs move_to_partition = true and "
@@ -630,7 +644,9 @@ def _type_text(annotation: Any) -> str:
         return "table of tables"
     if _is_model(annotation):
         return "table"
-    return {int: "integer", bool: "boolean", str: "string"}.get(annotation, str(annotation))
+    # A float key takes an integer too (pydantic's lax mode): "number", as a profile writes it.
+    kinds = {int: "integer", float: "number", bool: "boolean", str: "string"}
+    return kinds.get(annotation, str(annotation))
 
 
 def _toml_value(value: object) -> str:

@@ -96,9 +96,12 @@ def find_targets(host: Host, pids: list[int]) -> Targets:
 def _rule_targets(host: Host) -> Targets:
     from gputuned.apply import read_active
     from gputuned.engine import journal_originals
+    from gputuned.host.pci import scan
     from gputuned.host.proc import ProcInfo, iter_processes, read_process, user_id
     from gputuned.host.state import ACTIVE
+    from gputuned.host.system import read_host_cpus
     from gputuned.profile import parse_profile
+    from gputuned.tuners.gpuuse import gpu_use
     from gputuned.tuners.proctree import ClaimInput, claim, journal_key
 
     active = read_active(host)
@@ -109,9 +112,10 @@ def _rule_targets(host: Host) -> Targets:
         )
     profile = parse_profile(active["profile"], ACTIVE)
     rules = profile.process
-    gpu_pids: dict[int, frozenset[int]] = {}
-    if any(r.match.uses_gpu is not None for r in rules):
-        gpu_pids = {g.index: frozenset(g.pids) for g in read_gpus(host) or []}
+    gpu_rules = any(r.match.uses_gpu is not None for r in rules)
+    nvml = read_gpus(host) if gpu_rules else None
+    refs = read_host_cpus(host, scan(host, gpu_trees_only=True), nvml).gpus if gpu_rules else ()
+    uses = gpu_use(host, refs, nvml).of
     uids = {r.match.user: user_id(host, r.match.user) for r in rules if r.match.user}
     original = journal_originals(host, None)
 
@@ -125,7 +129,7 @@ def _rule_targets(host: Host) -> Targets:
         iter_processes(host, brief=True),
         ClaimInput(
             rules,
-            gpu_pids,
+            uses,
             uids,
             {},
             {},

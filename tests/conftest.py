@@ -15,7 +15,7 @@ from gputuned.host.fs import Host
 
 TREES_DIR = Path(__file__).resolve().parent / "data" / "hosts"
 
-#: Every tree under tests/data/hosts; docs/trees.md describes the layout. All but h200-captured
+#: Every tree under tests/data/hosts; docs/dev/trees.md describes the layout. All but h200-captured
 #: (a `gputunectl capture` of the lent H200 VM) are built by tests/data/build_trees.py.
 ALL_TREES = (
     "h200-vm",

@@ -1,6 +1,6 @@
 """``gputunectl capture DIR``: copy what gputuned reads from a host into a tree ``--root`` accepts.
 
-The layout is described in docs/trees.md. Captures read through :class:`Host`, so capturing a
+The layout is described in docs/dev/trees.md. Captures read through :class:`Host`, so capturing a
 tree into another tree works too (tests use that to check capture is complete).
 """
 

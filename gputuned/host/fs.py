@@ -423,7 +423,7 @@ def write_file(real: Path, data: bytes, offset: int | None) -> None:
 
 
 #: Crash tests: "kill-before-write:N" / "kill-after-write:N" SIGKILL this process just before or
-#: just after its N-th write to the host (docs/usage.md, "Fault injection for tests").
+#: just after its N-th write to the host (docs/dev/lanes.md, "Fault injection").
 FAILPOINT_ENV = "GPUTUNED_FAILPOINT"
 
 

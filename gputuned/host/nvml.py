@@ -25,6 +25,10 @@ class NvmlGpu:
     pids: tuple[int, ...]  # compute and graphics processes using it
     #: CPUs NVML calls ideal for this GPU (nvmlDeviceGetCpuAffinity); None if it did not say.
     cpu_affinity: frozenset[int] | None = None
+    #: "GPU-8f3c..." (nvmlDeviceGetUUID): what CUDA_VISIBLE_DEVICES may name it by.
+    uuid: str | None = None
+    #: Minor number of its /dev/nvidiaN node (nvmlDeviceGetMinorNumber).
+    minor: int | None = None
 
 
 def _norm_bdf(bus_id: str) -> str:
@@ -44,6 +48,16 @@ def _cpu_affinity(pynvml: Any, handle: Any, index: int, nr_cpus: int) -> frozens
     return frozenset(
         64 * w + bit for w, value in enumerate(words) for bit in range(64) if int(value) >> bit & 1
     )
+
+
+def _optional(pynvml: Any, getter: str, handle: Any) -> Any:
+    """One more NVML answer, None where the driver or the binding has none."""
+    try:
+        value = getattr(pynvml, getter)(handle)
+    except Exception as exc:
+        log.debug("nvml: %s failed: %s", getter, exc)
+        return None
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _saved_affinity(value: object) -> frozenset[int] | None:
@@ -73,6 +87,8 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
                 g.get("utilization_gpu"),
                 tuple(g.get("pids", ())),
                 _saved_affinity(g.get("cpu_affinity")),
+                g.get("uuid"),
+                g.get("minor"),
             )
             for g in saved
         ]
@@ -115,6 +131,8 @@ def read_gpus(host: Host) -> list[NvmlGpu] | None:
                     util,
                     tuple(sorted(pids)),
                     _cpu_affinity(pynvml, h, i, nr_cpus),
+                    _optional(pynvml, "nvmlDeviceGetUUID", h),
+                    _optional(pynvml, "nvmlDeviceGetMinorNumber", h),
                 )
             )
         return out

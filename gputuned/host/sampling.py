@@ -6,7 +6,7 @@ The figures behind ``gputunectl top``, the daemon's metrics and the benchmarks, 
 - ``/proc/PID/task/TID/schedstat``: three numbers (fs/proc/base.c proc_pid_schedstat):
   nanoseconds on a CPU, nanoseconds waiting on a run queue while runnable, and the number of
   time slices run. The second is the delay a busy neighbour
-  causes; it tracked the damage closely on the H200 host (docs/benchmarks.md). Absent without
+  causes; it tracked the damage closely on the H200 host (docs/dev/benchmarks.md). Absent without
   CONFIG_SCHED_INFO; then it reads as ``None``.
 - ``/proc/PID/task/TID/status``: ``voluntary_ctxt_switches`` (the thread blocked) and
   ``nonvoluntary_ctxt_switches`` (it was preempted: the neighbour's share), and

@@ -36,10 +36,11 @@ Several partitions: `partitions = "node"` makes one sibling partition per NUMA n
 the set's CPUs there (`<cgroup>.node0`, `<cgroup>.node1`, ...); `partitions = "gpu"` one per
 GPU, holding that GPU's member of a `per = "gpu"` set (`<cgroup>.gpu0`, ...). Each is made and
 read back like the single one, and a partition the kernel turns invalid is reported with its
-reason. A process can be in one cgroup only and gputuned does not yet choose the partition of
-each process by the GPU it uses, so `move_to_partition` needs `partitions = "one"`; the shipped
-profiles use one partition spanning the server's CPUs on every node, with sets and IRQs per
-GPU, which is right for a tensor-parallel server whose workers use every GPU.
+reason. A process can be in one cgroup only: with several partitions, a `[[process]]` rule
+with `move_to_partition` needs `by_gpu = true`, which moves each process into the partition of
+the GPU it uses (a process using GPUs of two partitions stays outside them; see `by_gpu`). The
+shipped profiles use one partition spanning the server's CPUs on every node, with sets and
+IRQs per GPU; `profiles/per-gpu.toml` makes one partition per GPU.
 
 Housekeeping: `plan` refuses a layout that leaves any NUMA node fewer than
 `housekeeping_cores` whole cores outside the partitions and `[bootargs] nohz_full`.
@@ -121,7 +122,7 @@ class Config(BaseModel):
         description=(
             "'one' partition holding the whole set (every node), one sibling partition per "
             "NUMA 'node' (the set's CPUs there), or one per 'gpu' (each member of a per = "
-            "'gpu' set). [[process]] move_to_partition needs 'one'."
+            "'gpu' set). With several, [[process]] move_to_partition needs by_gpu = true."
         ),
     )
     housekeeping_cores: StrictInt = Field(
@@ -291,7 +292,7 @@ class CpusetTuner:
         # cpuset.cpus.exclusive(.effective) holds any, and nothing changes. A cpuset.cpus
         # write is not refused on cgroup v2: it turns every sibling partition it overlaps
         # "root invalid" (update_cpumask()), and that partition stays invalid (finding F1,
-        # docs/reliability.md). Once the claim is in, cpuset.cpus overlaps no partition (the
+        # docs/dev/reliability.md). Once the claim is in, cpuset.cpus overlaps no partition (the
         # kernel compares siblings by their exclusive CPUs), and the exclusive set need not be
         # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
         # cpuset.cpus, and the claim is let go last.

@@ -40,6 +40,20 @@ A thread already on a CPU of the set that suits it stays there, so re-plans and 
 move only what must move; a child that inherited its parent's CPU at fork gets its own. Give
 the set more CPUs than the server has processes.
 
+`by_gpu` places each process of the tree on the CPUs of the GPU it uses, for tensor-parallel
+servers on hosts with several NUMA nodes: each worker on its own GPU's node (that GPU's member
+of the `cpus` set; with `move_to_partition`, the partition holding it, so `[cpuset]
+partitions = "gpu"` or `"node"` work). Which GPU a process uses: NVML's process list, the
+`/dev/nvidiaN` nodes it has open (char major 195), and `CUDA_VISIBLE_DEVICES` /
+`NVIDIA_VISIBLE_DEVICES` from its environment at exec (docs/multi-gpu.md says how they are
+mapped, and what happens when CUDA's device order cannot be known). Processes of the tree that
+use no GPU (API server, tokenizer workers) go where `without_gpu` says: by default with the GPUs
+the rest of their tree uses. A process using GPUs of two partitions cannot be in both: it
+stays outside the partitions with affinity to the CPUs of its GPUs' nodes that no partition
+holds, and `plan` says so. A process that opens its GPU after it started is placed when the
+daemon next looks: every `[daemon] gpu_scan_interval_s` (device nodes of the processes it
+placed) and `nvml_interval_s` (NVML).
+
 Confining a server to few CPUs can cost throughput; the best count depends on host and workload,
 so the CPU sets in `[cpusets]` say it explicitly: measure before settling on one.
 
@@ -63,7 +77,8 @@ Match keys:
   or atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
   stopped and its pattern suspended until the profile is applied again (it matches nothing;
   a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
-- `uses_gpu`: the process has this GPU (index) open.
+- `uses_gpu`: the process uses this GPU (index): NVML lists it, it has `/dev/nvidiaN` open, or
+  its `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` name it.
 
 Who may have it: `exe`, `comm`, `cmdline` and `uses_gpu` are every local user's to choose (a
 script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative nice, a
@@ -103,6 +118,7 @@ from gputuned.host.proc import ProcInfo, read_process
 from gputuned.host.procctl import nearest_cgroup
 from gputuned.host.system import cgroup_cpus
 from gputuned.tuners.cmdmatch import SEARCHES, check_pattern
+from gputuned.tuners.gpuplace import Target, by_gpu_targets
 from gputuned.tuners.proctree import (
     Claim,
     Tuned,
@@ -180,7 +196,12 @@ class Match(BaseModel):
         description="Prefix of the cgroup v2 path as /proc/PID/cgroup shows it, starting with '/'.",
     )
     uses_gpu: StrictInt | None = Field(
-        default=None, ge=0, description="Index of a GPU the process has open."
+        default=None,
+        ge=0,
+        description=(
+            "Index of a GPU the process uses (NVML, its open /dev/nvidiaN, or its "
+            "CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES)."
+        ),
     )
 
     @field_validator("exe")
@@ -349,6 +370,23 @@ class Config(BaseModel):
             "already placed stay where they are."
         ),
     )
+    by_gpu: StrictBool = Field(
+        default=False,
+        description=(
+            "Place each process on the CPUs of the GPU it uses (NVML, its open /dev/nvidiaN, "
+            "its CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES): that GPU's member of the "
+            "cpus set and, with move_to_partition, the partition holding it. A process using "
+            "GPUs in two partitions stays outside them, on its GPUs' nodes' CPUs that no "
+            "partition holds."
+        ),
+    )
+    without_gpu: StrictStr = Field(
+        default="tree",
+        description=(
+            "With by_gpu: where a process of the tree that uses no GPU goes: 'tree' (with the "
+            "GPUs the rest of its tree uses) or the name of a [cpusets] set."
+        ),
+    )
     children: Literal["follow", "ignore"] = Field(
         default="follow",
         description=(
@@ -412,6 +450,7 @@ class ProcessTuner:
         thread) are read whole."""
         out = TunerPlan()
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
+        targets = by_gpu_targets(ctx, claims, out.notes)
         out.notes += SEARCHES.notes()
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
@@ -430,7 +469,7 @@ class ProcessTuner:
             if p.role == "excluded":
                 out.changes += self._give_back(ctx, p)
             else:
-                out.changes += self._plan_proc(ctx, p, spreads.get(pid))
+                out.changes += self._plan_proc(ctx, p, spreads.get(pid), targets.get(pid))
         return out, claims
 
     def _read_all(
@@ -482,7 +521,9 @@ class ProcessTuner:
         origin_of[pid] = orig
         return _Placing(rule, full, c, orig, tuned)
 
-    def _plan_proc(self, ctx: PlanContext, p: _Placing, spread: Spread | None) -> list[Change]:
+    def _plan_proc(
+        self, ctx: PlanContext, p: _Placing, spread: Spread | None, target: Target | None = None
+    ) -> list[Change]:
         """Settings for one process, in apply order: nice, policy, cgroup, then affinity.
 
         The move comes before the affinity: once a partition holds its CPUs they leave every
@@ -517,13 +558,19 @@ class ProcessTuner:
                 orig,
                 tuned,
             )
-        if tuned.cgroup is not None:
+        if target is not None:  # by_gpu: its GPU's partition, or out of every one
+            self._move_by_gpu(ctx, w, p, target)
+        elif tuned.cgroup is not None:
             w.move(tuned.cgroup, orig.get("cgroup") if proc.cgroup == tuned.cgroup else None)
         if rule.cpus != "keep":
-            cpus = ctx.sets.sets[rule.cpus]
+            cpus = ctx.sets.sets[rule.cpus] if target is None else target.cpus
+            if target is not None and not cpus:
+                return w.out  # no CPU of its nodes is outside the partitions (noted)
             if spread is None:
                 plan = {t.tid: cpus for t in threads}
                 shown = format_cpulist(cpus)
+                if target is not None and target.why:
+                    shown += f" ({target.why})"
             else:  # one CPU a thread, planned with the rest of the tree (tuners/spread.py)
                 plan = {t.tid: frozenset({spread.cpu[t.tid]}) for t in threads}
                 shown = spread.describe(proc.pid, plan)
@@ -545,6 +592,18 @@ class ProcessTuner:
             )
         return w.out
 
+    @staticmethod
+    def _move_by_gpu(ctx: PlanContext, w: ChangeWriter, p: _Placing, target: Target) -> None:
+        """Into the partition of its GPU; or, using GPUs of two partitions, back out of the
+        one it is in (to where it came from: its original cgroup, or the nearest existing
+        ancestor of it)."""
+        in_ours = p.tuned.shows("cgroup", p.proc.cgroup)
+        origin = p.orig.get("cgroup") if in_ours else None
+        if target.cgroup is not None:
+            w.move(target.cgroup, origin)
+        elif target.leave and in_ours and origin is not None:
+            w.move(nearest_cgroup(ctx.host, ctx.cgroup.v2_mount or "", origin), origin)
+
     def _give_back(self, ctx: PlanContext, p: _Placing) -> list[Change]:
         """A descendant the rule leaves out: where it shows what the placement passed on at
         fork, it gets its ancestor's original instead (journaled as its own, so revert leaves
@@ -556,7 +615,7 @@ class ProcessTuner:
             if was is None:
                 continue
             if attr == "cgroup":
-                if tuned.cgroup is not None and proc.cgroup == tuned.cgroup:
+                if tuned.shows("cgroup", proc.cgroup):
                     mount = ctx.cgroup.v2_mount or ""
                     w.move(nearest_cgroup(ctx.host, mount, was), was)
                 continue

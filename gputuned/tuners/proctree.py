@@ -23,7 +23,7 @@ This module only reads what the plan context already holds; it never touches the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gputuned import errors
@@ -97,7 +97,7 @@ def owner_key(match: Match) -> str | None:
     return None
 
 
-def _cheap(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> bool:
+def _cheap(rule: Match, proc: ProcInfo, uses: Callable[[int], frozenset[int]]) -> bool:
     """The keys a brief read of /proc answers (stat and cmdline): most processes of a host
     fail these, and are never read further."""
     if proc.kernel or (proc.exe is None and not proc.cmdline and not proc.brief):
@@ -105,7 +105,7 @@ def _cheap(rule: Match, proc: ProcInfo, gpu_pids: dict[int, frozenset[int]]) -> 
     return (
         (rule.comm is None or proc.comm == rule.comm)
         and (rule.cmdline is None or cmdline_matches(rule.cmdline, proc))
-        and (rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()))
+        and (rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid))
     )
 
 
@@ -116,7 +116,7 @@ def _needs_more(rule: Match) -> bool:
 def matches(
     rule: Match,
     proc: ProcInfo,
-    gpu_pids: dict[int, frozenset[int]],
+    uses: Callable[[int], frozenset[int]],
     *,
     uid: int | None = None,
     cgroup: str | None = None,
@@ -141,7 +141,7 @@ def matches(
         rule.cgroup is None
         or where == rule.cgroup
         or where.startswith(rule.cgroup.rstrip("/") + "/"),
-        rule.uses_gpu is None or proc.pid in gpu_pids.get(rule.uses_gpu, frozenset()),
+        rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid),
     )
     return all(checks)
 
@@ -171,7 +171,9 @@ class ClaimInput:
     """What claiming needs besides the processes: see :func:`claim`."""
 
     rules: tuple[Config, ...]
-    gpu_pids: dict[int, frozenset[int]]
+    #: PID -> the GPUs (indexes) it uses (tuners/gpuuse.py), asked only of processes whose
+    #: other cheap keys match.
+    uses: Callable[[int], frozenset[int]]
     uids: dict[str, int | None]  # match.user -> UID on this host
     registered: dict[int, tuple[int, str]]  # pid -> (start time, rule)
     known: dict[int, Claim]  # claims made earlier (the daemon's), for parents not listed
@@ -204,7 +206,7 @@ def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
             if reg is not None and reg == (p.start_time, rule.name):
                 out[pid] = Claim(rule.name, "match", p.start_time)
                 break
-            if not _cheap(rule.match, p, inp.gpu_pids):
+            if not _cheap(rule.match, p, inp.uses):
                 continue
             if p.brief and _needs_more(rule.match):
                 full = inp.load(pid)
@@ -212,7 +214,7 @@ def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
                     break  # exited, or its PID reused, since the scan
                 p = listed[pid] = full
             uid = inp.uids.get(rule.match.user or "")
-            if matches(rule.match, p, inp.gpu_pids, uid=uid, cgroup=inp.original_cgroup(p)):
+            if matches(rule.match, p, inp.uses, uid=uid, cgroup=inp.original_cgroup(p)):
                 out[pid] = Claim(rule.name, "match", p.start_time)
                 break
     kids: dict[int, list[ProcInfo]] = {}
@@ -278,6 +280,8 @@ class Tuned:
     policy: str | None
     cpus: frozenset[int] | None
     cgroup: str | None
+    #: Every cgroup the rule may move a process into (by_gpu: each partition), "/"-prefixed.
+    cgroups: frozenset[str] = frozenset()
 
     def shows(self, attr: str, value: str) -> bool:
         """Does ``value`` (as journaled) look like this rule's doing?"""
@@ -286,6 +290,8 @@ class Tuned:
                 return False
             got = parse_cpulist(value) if value and value[0].isdigit() else frozenset()
             return bool(got) and got <= self.cpus  # spread threads hold one CPU of the set
+        if attr == "cgroup" and value in self.cgroups:
+            return True
         want = {"nice": self.nice, "policy": self.policy, "cgroup": self.cgroup}[attr]
         return want is not None and value == want
 
@@ -342,16 +348,14 @@ def origins(
 
 def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
     """What :func:`proctree.claim` needs from the plan context; notes what cannot match here."""
-    by_index = {g.index: g.bdf for g in ctx.cpus.gpus}
-    gpu_pids = {
-        idx: frozenset(p for g in ctx.snap.nvml or [] if g.bdf == bdf for p in g.pids)
-        for idx, bdf in by_index.items()
-    }
+    use = ctx.gpu_use
     uids: dict[str, int | None] = {}
     for rule in ctx.profile.process:
         if rule.match.uses_gpu is not None and ctx.snap.nvml is None:
             notes.append(
-                f"process[{rule.name}]: match.uses_gpu needs NVML, which is not available here"
+                f"process[{rule.name}]: NVML is not available here: match.uses_gpu sees the "
+                "GPU device nodes a process has open and its CUDA_VISIBLE_DEVICES / "
+                "NVIDIA_VISIBLE_DEVICES only"
             )
         name = rule.match.user
         if name is not None and name not in uids:
@@ -372,7 +376,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
 
     return ClaimInput(
         rules=ctx.profile.process,
-        gpu_pids=gpu_pids,
+        uses=(lambda _pid: frozenset()) if use is None else use.of,
         uids=uids,
         registered=ctx.registered,
         known=ctx.claimed,
@@ -396,11 +400,23 @@ def tuned_by(ctx: PlanContext, rule: Config) -> Tuned:
         and ctx.cgroup.partitions_possible
         and ctx.cgroup.v2_mount is not None
     )
-    return Tuned(
+    tuned = Tuned(
         nice=None if rule.nice is None else str(rule.nice),
         policy=None if rule.policy == "keep" else policy_value(rule.policy, rule.priority or 0),
         cpus=None if rule.cpus == "keep" else ctx.sets.sets.get(rule.cpus),
         cgroup="/" + cs.cgroup if moves and cs is not None else None,
+    )
+    if not rule.by_gpu or rule.cpus == "keep":
+        return tuned
+    # Each process to the partition and CPUs of its GPU (tuners/gpuplace.py).
+    from gputuned.tuners.gpuplace import partitions, reach
+
+    parts = partitions(ctx, rule)
+    return replace(
+        tuned,
+        cpus=reach(ctx, rule),
+        cgroup=None,
+        cgroups=frozenset("/" + p.cgroup for p in parts),
     )
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the lent H200 machine: where a full-profile apply spends its time (docs/benchmarks.md,
+# Run on the lent H200 machine: where a full-profile apply spends its time (docs/dev/benchmarks.md,
 # "Apply and revert"). Applies and reverts shared-host.toml for real (cgroups, IRQ affinity,
 # the favordynmods remount; PCIe tuners report-only there), then checks the host is as before.
 # Usage: bash scripts/device/applytime.sh OUTDIR [NAME=TREE ...]

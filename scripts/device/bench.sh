@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the lent H200 machine: the noisy-neighbour benchmark (docs/benchmarks.md).
+# Run on the lent H200 machine: the noisy-neighbour benchmark (docs/dev/benchmarks.md).
 # Usage: bash scripts/device/bench.sh OUTDIR NOISE [PROFILE ...]   e.g. heavy profiles/shared-host.toml
 set -u
 out=${1:?output directory}; noise=${2:?noise kinds}; shift 2

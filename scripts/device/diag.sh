@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent H200 machine: what the host's idle states, steal time and /run look like,
-# then benchmarks/placement_variants.py and benchmarks/reaction.py (docs/benchmarks.md).
+# then benchmarks/placement_variants.py and benchmarks/reaction.py (docs/dev/benchmarks.md).
 # Usage: bash scripts/device/diag.sh OUTDIR [NOISE] [ROUNDS]
 set -u
 out=${1:?output directory}; noise=${2:-heavy,cpu}; rounds=${3:-2}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent H200 machine: cgroup move cost (with and without favordynmods), CPU speed
-# against the number of busy CPUs, and placement variants (docs/benchmarks.md).
+# against the number of busy CPUs, and placement variants (docs/dev/benchmarks.md).
 # Usage: bash scripts/device/explore.sh OUTDIR [NOISE] [ROUNDS] [PROFILE ...]
 set -u
 out=${1:?output directory}; noise=${2:-heavy,cpu}; rounds=${3:-2}; shift 3

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the lent H200 machine: finding F1 (docs/reliability.md) on its real kernel. Touches
+# Run on the lent H200 machine: finding F1 (docs/dev/reliability.md) on its real kernel. Touches
 # cgroups only (a neighbour partition and a probe cgroup of its own, both removed at the end):
 # no PCIe register, clock, IRQ or process setting is written. Under 60 s.
 #

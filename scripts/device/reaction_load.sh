@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the lent H200 machine: exec -> placed under load (issue 20, item 1; docs/benchmarks.md).
+# Run on the lent H200 machine: exec -> placed under load (issue 20, item 1; docs/dev/benchmarks.md).
 #
 #   bash scripts/device/reaction_load.sh OUTDIR [BASE_DIR]        (about 7 minutes)
 #

@@ -5,7 +5,7 @@
 # sched_* setter is printed (excepted: NVML's O_RDWR opens of /dev/nvidia*, its ioctl
 # interface; the --prometheus target; /dev/null and /dev/tty). Also prints inspect --all's
 # findings (no unreadable field is expected on that healthy GPU). Read-only. Issue 14, finding
-# 22; docs/reliability.md.
+# 22; docs/dev/reliability.md.
 # Usage: bash scripts/device/readonly.sh OUTDIR
 set -u
 out=${1:?output directory}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""(Re)generate the host trees under tests/data/hosts/ in the layout of docs/trees.md.
+"""(Re)generate the host trees under tests/data/hosts/ in the layout of docs/dev/trees.md.
 
     python3 tests/data/build_trees.py
 

@@ -4,7 +4,7 @@ One Debian 13 guest (Linux 6.12, systemd, qemu-guest-agent) for the whole module
 TCG on a per-run overlay of a cached image (tests/e2e/vm/image.py, machine.py). The tests are
 the steps of one scenario and run in file order; a step that needs an earlier one fails, naming
 it. Each step is timed, and a table of steps, seconds and what was asserted is printed at the
-end of the pytest run. docs/e2e-vm.md says how to run it and what each step proves.
+end of the pytest run. docs/dev/e2e-vm.md says how to run it and what each step proves.
 
 The guest's "GPU" is QEMU's e1000e behind the switch, made to read as an NVIDIA 3D controller
 in its config header by a small module (tests/e2e/vm/fakegpu); every PCIe register gputuned
@@ -40,6 +40,14 @@ VENV = vm_image.VENV
 PROFILE = f"{GUEST_DIR}/vm-host.toml"
 WORKLOAD = "gputuned-vm-workload.service"
 TREE_UNIT = "gputuned-vm-tree.service"
+NUMA_PROFILE = f"{GUEST_DIR}/vm-numa.toml"
+NUMA_UNIT = "gputuned-vm-numa.service"
+#: The guest's NUMA nodes (machine.py: CPUs interleaved) and, in the NUMA phase, what
+#: vm-numa.toml gives each GPU (GPU 0 on node 0, GPU 1 on node 1).
+NODES = {0: {0, 2}, 1: {1, 3}}
+NUMA_MEMBER = {0: {2}, 1: {3}}
+NUMA_OUTSIDE = {0, 1}
+E1000E = "0x8086:0x10d3"
 GPU_UP = "gputuned-vm-gpu-up.service"
 UNIT = "gputuned.service"
 GPU = vm_image.FAKE_GPU_BDF
@@ -431,6 +439,8 @@ def test_install(lane: Lane) -> None:
             (HERE / "guest/workload.py", f"{GUEST_DIR}/workload.py"),
             (HERE / "guest" / WORKLOAD, f"/etc/systemd/system/{WORKLOAD}"),
             (HERE / "guest/tree.py", f"{GUEST_DIR}/tree.py"),
+            (HERE / "guest/vm-numa.toml", NUMA_PROFILE),
+            (HERE / "guest/numa_tree.py", f"{GUEST_DIR}/numa_tree.py"),
             (HERE / "guest" / TREE_UNIT, f"/etc/systemd/system/{TREE_UNIT}"),
             (HERE / "guest" / GPU_UP, f"/etc/systemd/system/{GPU_UP}"),
             (HERE / "guest/install_wheel.py", f"{GUEST_DIR}/install_wheel.py"),
@@ -606,7 +616,7 @@ def test_neighbour_partition(lane: Lane) -> None:
         "the neighbour stays a valid root partition, the kernel refuses an exclusive claim on "
         "its CPUs; neighbour removed, capture = before",
     ) as ph:
-        # The same script the H200 host runs (finding F1, docs/reliability.md), on this kernel.
+        # The same script the H200 host runs (finding F1, docs/dev/reliability.md), on this kernel.
         m.put(f"{GUEST_DIR}/f1.sh", (REPO / "scripts/device/f1.sh").read_bytes())
         res = sh(
             m,
@@ -803,6 +813,154 @@ def test_bootargs(lane: Lane) -> None:
         assert_runtime_tuned(m, rep, "with the boot arguments")
         ph.detail = (
             f"boot to running {b.qemu_to_running_s:.0f} s; /proc/cmdline has {' '.join(wanted)}"
+        )
+
+
+def _numa_gpus(m: Machine) -> list[tuple[str, int, str]]:
+    """The e1000e functions behind the expander bridges: (BDF, NUMA node, interface)."""
+    res = sh(
+        m,
+        "for d in /sys/bus/pci/devices/*; do "
+        f'[ "$(cat $d/vendor):$(cat $d/device)" = "{E1000E}" ] && '
+        'echo "$(basename $d) $(cat $d/numa_node) $(ls $d/net 2>/dev/null)"; done; true',
+    )
+    out = []
+    for line in res.out.splitlines():
+        bdf, node, *iface = line.split()
+        if int(node) >= 0:
+            out.append((bdf, int(node), iface[0] if iface else ""))
+    return sorted(out, key=lambda g: g[1])
+
+
+def _numa_placed(m: Machine, late_open: bool) -> dict[str, Any]:
+    """Wait until the NUMA tree is placed: worker 0 in GPU 0's partition on its CPU; worker 1
+    there too once it opened GPU 1 (before: outside, on the CPUs no partition holds, as its
+    CUDA_VISIBLE_DEVICES names both GPUs); the API process (no GPU; its tree uses both)
+    outside the partitions on CPUs 0-1. All nice -10."""
+
+    def check() -> Any:
+        st = probe(m)
+        tree = st["numa_tree"]
+        if not tree or any(not p["tasks"] for p in tree.values()):
+            return None
+        want = {
+            "worker0": ("/gputuned.inference.gpu0", NUMA_MEMBER[0]),
+            "worker1": ("/gputuned.inference.gpu1", NUMA_MEMBER[1])
+            if late_open
+            else (f"/system.slice/{NUMA_UNIT}", NUMA_OUTSIDE),
+            "api": (f"/system.slice/{NUMA_UNIT}", NUMA_OUTSIDE),
+        }
+        for role, (cg, cpus) in want.items():
+            for t in tree[role]["tasks"]:
+                if t["cgroup"] != cg or set(t["affinity"]) != cpus or t["nice"] != -10:
+                    return None
+        return st
+
+    try:
+        st = wait_for("the NUMA tree placed", check, timeout=120, every=1)
+    except AssertionError:
+        raise AssertionError(
+            f"the NUMA tree is not placed:\n{json.dumps(probe(m)['numa_tree'], indent=1)}"
+        ) from None
+    assert isinstance(st, dict)
+    return st
+
+
+def test_numa(lane: Lane) -> None:
+    m = lane.need("install")
+    with lane.phase(
+        "two NUMA nodes",
+        "a GPU behind a pxb-pcie on each node (numa_node 0 and 1, /dev/nvidia0-1 = 195:0-1); "
+        "vm-numa.toml (a root partition per GPU, by_gpu) through the daemon: both partitions "
+        "valid, each GPU's vectors on its node's CPUs, worker 0 (CUDA_VISIBLE_DEVICES=0) in "
+        "GPU 0's partition, worker 1 moved into GPU 1's once it opens /dev/nvidia1, the API "
+        "process outside on CPUs 0-1 and plan says why; stop = capture",
+    ) as ph:
+        sh(
+            m,
+            f"systemctl stop {UNIT} {TREE_UNIT} {WORKLOAD}; "
+            f"mv -f /etc/gputuned/active.json {CAPTURES}/active.json.saved 2>/dev/null; true",
+        )
+        gpus = _numa_gpus(m)
+        assert [node for _, node, _ in gpus] == [0, 1], f"one e1000e per node expected: {gpus}"
+        bdfs = [bdf for bdf, _, _ in gpus]
+        ifaces = " ".join(f"ip link set dev {i} up;" for _, _, i in gpus)
+        sh(
+            m,
+            "modprobe -r gputuned_fakegpu && "
+            f"modprobe gputuned_fakegpu bdf={','.join(bdfs)} && {ifaces} udevadm settle",
+        )
+
+        def vectors() -> Any:  # e1000e requests its MSI-X vectors when the link goes up
+            got = probe(m)
+            return got if all(got["pcie"][b]["msi_irqs"] for b in bdfs) else None
+
+        st = wait_for("the NUMA GPUs' vectors", vectors, timeout=60)
+        for i, bdf in enumerate(bdfs):
+            dev = st["pcie"][bdf]
+            assert (dev["vendor"], dev["numa_node"]) == ("0x10de", str(i)), (bdf, dev)
+            assert set(dev["local_cpus"]) == NODES[i], (bdf, dev["local_cpus"])
+            assert st["nvidia_nodes"][f"/dev/nvidia{i}"] == [195, i], st["nvidia_nodes"]
+        assert {int(k): set(v) for k, v in st["nodes"].items()} == NODES, st["nodes"]
+        sh(
+            m,
+            f"rm -f /run/gputuned-vm-numa.* && systemd-run --unit={NUMA_UNIT} "
+            f"-p KillSignal=SIGKILL /usr/bin/python3 {GUEST_DIR}/numa_tree.py",
+        )
+        wait_for("numa_tree.py up", lambda: probe(m)["numa_tree"], timeout=120, every=2)
+        sh(
+            m,
+            f"rm -rf {CAPTURES}/numa-before && gputunectl capture --stable {CAPTURES}/numa-before",
+        )
+        sh(m, f"systemctl start {UNIT}")
+        _, resp = ctl_json(m, f"apply {NUMA_PROFILE}")
+        assert not resp["failed"], resp["failed"]
+        st = _numa_placed(m, late_open=False)
+        api = st["numa_tree"]["api"]["pid"]
+        _, plan = ctl_json(m, f"plan {NUMA_PROFILE}")
+        why = [n for n in plan["notes"] if f"pid {api} uses" in n]
+        assert why and "stays outside them" in why[0], plan["notes"]
+        cgs = st["gputuned_cgroups"]
+        for i in (0, 1):
+            part = cgs[f"gputuned.inference.gpu{i}"]
+            assert part["partition"] == "root", (i, part)
+            assert set(part["effective"]) == NUMA_MEMBER[i], (i, part)
+            for n in st["pcie"][bdfs[i]]["msi_irqs"]:
+                aff = set(st["irqs"][n]["affinity"])
+                assert aff and aff <= NUMA_MEMBER[i] <= NODES[i], (bdfs[i], n, aff)
+        # The late open: worker 1 opens /dev/nvidia1 now; the daemon's next GPU scan moves it.
+        t0 = time.monotonic()
+        sh(m, "touch /run/gputuned-vm-numa.open")
+        st = _numa_placed(m, late_open=True)
+        seen = time.monotonic() - t0
+        log = sh(m, f"journalctl -b -u {UNIT} --no-pager -o cat").out
+        moved = re.search(
+            r"placed \[[^]]*\] \(GPU use changed\): \d+ write\(s\) in ([0-9.]+) ms", log
+        )
+        assert moved, log[-3000:]
+        assert "now uses GPU(s) [1] (was [0, 1])" in log, log[-3000:]
+        assert set(st["gputuned_cgroups"]["gputuned.inference.gpu1"]["procs"]) == {
+            st["numa_tree"]["worker1"]["pid"]
+        }
+        sh(m, f"systemctl stop {UNIT}")
+        home = probe(m)
+        for role, p in home["numa_tree"].items():
+            for t in p["tasks"]:
+                assert t["cgroup"] == f"/system.slice/{NUMA_UNIT}", (role, t)
+                assert t["nice"] == 0 and set(t["affinity"]) == {0, 1, 2, 3}, (role, t)
+        assert home["gputuned_cgroups"] == {}, home["gputuned_cgroups"]
+        assert not home["journal"]["entries"], home["journal"]
+        diff = _capture_diff(m, "numa-after", base="numa-before")
+        assert diff == "", f"after the stop the host differs from before the apply:\n{diff}"
+        sh(
+            m,
+            f"systemctl stop {NUMA_UNIT}; "
+            f"mv -f {CAPTURES}/active.json.saved /etc/gputuned/active.json 2>/dev/null; true",
+        )
+        ph.detail = (
+            f"GPUs {bdfs[0]} (node 0) and {bdfs[1]} (node 1); worker 1 in its partition "
+            f"{seen:.1f} s after the open was triggered (seen by polling; the move itself "
+            f"{moved.group(1)} ms); stop = capture"
         )
 
 

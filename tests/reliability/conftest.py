@@ -1,4 +1,4 @@
-"""Shared helpers of the reliability gauntlet (docs/reliability.md quotes what these tests print).
+"""Shared helpers of the reliability gauntlet (docs/dev/reliability.md quotes what these tests print).
 
 Trees are copied from tests/data/hosts and compared with :func:`tests.unit.test_apply.digest`
 (every file, link and directory except gputuned's own state); :func:`fingerprint` shortens a

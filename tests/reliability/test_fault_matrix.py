@@ -15,7 +15,7 @@ plan must see them. Then ``apply`` runs. The proof, by tree digest:
 - **refused**: plan refused the profile (PlanError), the apply's Host made no write, and the tree
   is byte-identical to the tree before apply plus the outside change.
 
-``test_fault_matrix`` prints the table that docs/reliability.md quotes; the real-kernel rows are
+``test_fault_matrix`` prints the table that docs/dev/reliability.md quotes; the real-kernel rows are
 in ``test_fault_matrix_real_kernel`` (root only).
 """
 

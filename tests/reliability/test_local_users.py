@@ -339,7 +339,7 @@ def test_15_a_users_process_name_is_shown_escaped(user: LocalUser, tmp_path: Pat
         shutil.rmtree(work, ignore_errors=True)
 
 
-# -- the control-socket fuzzer, small (the 100,000-request figures: docs/reliability.md) -------
+# -- the control-socket fuzzer, small (the 100,000-request figures: docs/dev/reliability.md) -------
 
 
 def test_control_fuzz_small(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """benchmarks/config_fuzz.py, small: its oracle, and that it finds a report that names nothing.
 
-The 10,000-round figures are in docs/reliability.md; here a few dozen rounds show the harness
+The 10,000-round figures are in docs/dev/reliability.md; here a few dozen rounds show the harness
 passes on the current code and fails when inspect stops naming unreadable fields.
 """
 

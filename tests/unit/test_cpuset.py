@@ -1,4 +1,4 @@
-"""The cpuset tuner next to another partition (finding F1, docs/reliability.md), and its order.
+"""The cpuset tuner next to another partition (finding F1, docs/dev/reliability.md), and its order.
 
 Plan refuses CPUs that another valid partition holds, and then apply writes nothing at all;
 the writes go exclusive CPUs, cpuset.cpus, partition type, and revert undoes them in reverse.

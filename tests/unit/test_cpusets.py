@@ -119,7 +119,7 @@ def test_shipped_profiles_give_every_gpu_its_own_whole_cores_on_its_node(
 
 
 def test_shipped_profiles_on_the_16_cpu_gpu_host_are_what_was_measured() -> None:
-    # One GPU, no SMT: the sets the H200 measurements were made with (docs/benchmarks.md).
+    # One GPU, no SMT: the sets the H200 measurements were made with (docs/dev/benchmarks.md).
     expected = {
         "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-8")},
         "dedicated-inference": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
@@ -419,7 +419,7 @@ def test_guard_counts_nohz_full_and_asks_for_whole_cores(tmp_path: Path) -> None
 # -- several partitions: checks without a host ---------------------------------------------------
 
 
-def test_several_partitions_refuse_move_to_partition(tmp_path: Path) -> None:
+def test_several_partitions_need_by_gpu_to_move_into_one(tmp_path: Path) -> None:
     text = 'name = "t"\n[cpusets.g]\nper = "gpu"\n[cpuset]\nmode = "root"\ncpus = "g"\n'
     text += 'partitions = "node"\n[[process]]\nname = "s"\nmatch.comm = "x"\nmatch.uid = 0\ncpus = "g"\n'
     text += "move_to_partition = true\n"
@@ -427,11 +427,11 @@ def test_several_partitions_refuse_move_to_partition(tmp_path: Path) -> None:
         (
             "process[0].move_to_partition",
             "[cpuset] partitions = 'node' makes several partitions and a process can be in only "
-            "one; gputuned does not yet choose one per process. Use partitions = 'one' (one "
-            "partition over every node, sets and IRQs still per GPU), or move_to_partition = "
-            "false",
+            "one; set by_gpu = true (each process into the partition of the GPU it uses), use "
+            "partitions = 'one', or move_to_partition = false",
         )
     ]
+    assert load(tmp_path, text + "by_gpu = true\n").process[0].by_gpu
 
 
 def test_partitions_per_gpu_need_a_per_gpu_set_and_a_partition_mode(tmp_path: Path) -> None:

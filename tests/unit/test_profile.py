@@ -811,3 +811,15 @@ def test_every_field_has_a_description() -> None:
 def test_docs_are_generated_from_the_models() -> None:
     docs = (REPO / "docs" / "profiles.md").read_text()
     assert docs == render_profile_docs(), "docs/profiles.md is stale: run scripts/gen-docs"
+
+
+def test_docs_print_types_as_a_profile_writes_them() -> None:
+    # docs/profiles.md once printed a float key's type as "<class 'float'>" (issue 19).
+    docs = render_profile_docs()
+    assert "<class" not in docs and "typing." not in docs
+    assert "- `drift_interval_s`: number (>= 0.5, <= 3600); default: `10.0`." in docs
+
+
+def test_a_float_key_of_the_wrong_type_says_a_number_is_expected() -> None:
+    with pytest.raises(ProfileError, match=r"drift_interval_s: expected a number, got string"):
+        parse_profile({"name": "t", "daemon": {"drift_interval_s": "x"}}, "t")

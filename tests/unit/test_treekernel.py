@@ -511,7 +511,7 @@ def test_format_helpers_agree_with_trees() -> None:
     assert format_mask({0}, 16) == "0001" and format_cpulist({0, 1, 2, 5}) == "0-2,5"
 
 
-# -- a partition next to another (finding F1, docs/reliability.md) -------------------------------
+# -- a partition next to another (finding F1, docs/dev/reliability.md) -------------------------------
 
 
 @pytest.mark.parametrize("with_exclusive", [True, False])

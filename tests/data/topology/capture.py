@@ -122,6 +122,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="run-topology-", dir=runs))
     m = TopologyMachine(img, workdir)
     m.sockets, m.cores, m.threads = sockets, cores, threads
+    m.numa = False  # its own nodes, one per socket (argv)
     m.create_disks()
     try:
         boot = m.boot(timeout=1500)

@@ -6,7 +6,7 @@ Each boot is a fresh overlay of the cached image (tests/e2e/vm/image.py), starte
 starts it (:meth:`Machine.boot`, with its one retry of a boot that died before userspace), waited
 for until ``systemctl is-system-running`` answers, then killed. Prints one line per boot and a
 summary: booted first time, booted after a retry (with the kernel fault the console showed),
-failed. Not part of the suite (50 boots take about half an hour under TCG); docs/e2e-vm.md
+failed. Not part of the suite (50 boots take about half an hour under TCG); docs/dev/e2e-vm.md
 quotes its last figures.
 """
 

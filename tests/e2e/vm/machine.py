@@ -20,6 +20,20 @@ The PCIe tree (``-machine q35``)::
         02:01.0 xio3130-downstream -> 04:00.0 e1000e        (endpoint; reads as a GPU, fakegpu)
     00:04.0 pcie-root-port rp2 -> 05:00.0 virtio-serial     (the guest agent's channel)
     00:05.0 virtio-blk (root disk, on the root bus)
+    00:06.0 pxb-pcie (NUMA node 0): root bus 20
+      20:00.0 pcie-root-port -> 21:00.0 e1000e            (a GPU of node 0 in the NUMA phase)
+    00:07.0 pxb-pcie (NUMA node 1): root bus 40
+      40:00.0 pcie-root-port -> 41:00.0 e1000e            (a GPU of node 1 in the NUMA phase)
+
+Two NUMA nodes (``-numa``): CPUs 0 and 2 with 512 MiB on node 0, CPUs 1 and 3 with 512 MiB on
+node 1 (four sockets of one CPU, so no socket is split between nodes). Interleaved, so that the
+partition of CPUs 2-3 the lane's first phases make leaves a CPU of each node outside it
+(gputuned refuses a layout that leaves a node no housekeeping core). A PCIe expander bridge
+(``pxb-pcie``) is a host bridge of its own with a ``numa_node``, which QEMU's ACPI tables give
+as the bridge's proximity domain (_PXM): the guest kernel puts the functions behind it on that
+node (sysfs ``numa_node``, ``local_cpulist``). The functions on the main root bus have no
+proximity domain (``numa_node`` -1, local to every CPU), so the first phases see what they saw
+on a one-node guest.
 """
 
 from __future__ import annotations
@@ -57,6 +71,28 @@ PCIE_TOPOLOGY = (
     "-device", "pcie-root-port,id=rp2,bus=pcie.0,chassis=4,slot=2,addr=0x4",
     "-device", "virtio-serial-pci,bus=rp2",
 )  # fmt: skip
+#: One expander bridge per NUMA node, each with an e1000e behind a root port of its own.
+NUMA_PCIE = (
+    "-device", "pxb-pcie,id=pxb0,bus_nr=0x20,numa_node=0,bus=pcie.0,addr=0x6",
+    "-device", "pcie-root-port,id=rp3,bus=pxb0,chassis=5,slot=3,addr=0x0",
+    "-device", "e1000e,bus=rp3",
+    "-device", "pxb-pcie,id=pxb1,bus_nr=0x40,numa_node=1,bus=pcie.0,addr=0x7",
+    "-device", "pcie-root-port,id=rp4,bus=pxb1,chassis=6,slot=4,addr=0x0",
+    "-device", "e1000e,bus=rp4",
+)  # fmt: skip
+
+
+def numa_args(smp: int, mem_mb: int, nodes: bool = True) -> list[str]:
+    """Two NUMA nodes, CPUs interleaved (even CPUs on node 0, odd on node 1), memory halved;
+    ``nodes`` False: plain ``-smp`` (a caller that lays out nodes of its own)."""
+    if not nodes:
+        return ["-smp", str(smp)]
+    out = ["-smp", f"{smp},sockets={smp},cores=1,threads=1"]
+    for node in (0, 1):
+        out += ["-object", f"memory-backend-ram,id=mem{node},size={mem_mb // 2}M"]
+        cpus = ",".join(f"cpus={c}" for c in range(node, smp, 2))
+        out += ["-numa", f"node,nodeid={node},{cpus},memdev=mem{node}"]
+    return out
 
 
 class MachineError(AssertionError):
@@ -110,6 +146,8 @@ class Machine:
     workdir: Path
     smp: int = 4
     mem_mb: int = 1024
+    #: Two NUMA nodes (numa_args); tests/data/topology/capture.py lays out its own.
+    numa: bool = True
     proc: subprocess.Popen[bytes] | None = None
     agent: GuestAgent | None = None
     boots: list[Boot] = field(default_factory=list)
@@ -142,7 +180,7 @@ class Machine:
             "-name", "gputuned-e2e-vm",
             "-nodefaults", "-no-user-config", "-display", "none",
             "-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
-            "-smp", str(self.smp), "-m", str(self.mem_mb),
+            *numa_args(self.smp, self.mem_mb, self.numa), "-m", str(self.mem_mb),
             "-no-reboot", "-nic", "none",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
             "-append", append,
@@ -151,6 +189,7 @@ class Machine:
             "-device", "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x5",
             "-drive", f"file={w / 'nvme.img'},if=none,id=nvm,format=raw,cache=unsafe",
             *PCIE_TOPOLOGY,
+            *(NUMA_PCIE if self.numa else ()),
             "-chardev", f"socket,path={self.socket},server=on,wait=off,id=qga0",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
         ]  # fmt: skip

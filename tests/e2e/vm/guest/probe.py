@@ -63,6 +63,8 @@ def pcie(bdf: str) -> dict[str, Any] | None:
     vectors = sorted(int(n) for n in os.listdir(msi)) if os.path.isdir(msi) else []
     vendor, device = struct.unpack_from("<HH", raw, 0)
     out: dict[str, Any] = {
+        "numa_node": read(f"/sys/bus/pci/devices/{bdf}/numa_node"),
+        "local_cpus": cpus(read(f"/sys/bus/pci/devices/{bdf}/local_cpulist")),
         "vendor": f"0x{vendor:04x}",
         "device": f"0x{device:04x}",
         "class": f"0x{struct.unpack_from('<I', raw, 8)[0] >> 8:06x}",
@@ -120,6 +122,36 @@ def tree() -> dict[str, Any] | None:
     return {role: {"pid": pid, "tasks": tasks(pid)} for role, pid in json.loads(text).items()}
 
 
+def numa_tree() -> dict[str, Any] | None:
+    """The tree of gputuned-vm-numa.service (numa_tree.py), by role: its tasks."""
+    text = read("/run/gputuned-vm-numa.json")
+    if not text:
+        return None
+    return {role: {"pid": pid, "tasks": tasks(pid)} for role, pid in json.loads(text).items()}
+
+
+def gputuned_cgroups() -> dict[str, Any]:
+    """Every cgroup gputuned may make at the top (gputuned.inference*): partition state,
+    effective CPUs, processes."""
+    out = {}
+    for d in sorted(glob.glob(f"{PART}*")):
+        out[os.path.basename(d)] = {
+            "partition": read(f"{d}/cpuset.cpus.partition"),
+            "effective": cpus(read(f"{d}/cpuset.cpus.effective")),
+            "procs": [int(p) for p in (read(f"{d}/cgroup.procs") or "").split()],
+        }
+    return out
+
+
+def nvidia_nodes() -> dict[str, list[int]]:
+    """/dev/nvidia* character devices: [major, minor]."""
+    out = {}
+    for p in sorted(glob.glob("/dev/nvidia*")):
+        st = os.stat(p)
+        out[p] = [os.major(st.st_rdev), os.minor(st.st_rdev)]
+    return out
+
+
 def partition_procs() -> list[int] | None:
     """Processes in gputuned's cgroup and below it (None when there is no such cgroup)."""
     if not os.path.isdir(PART):
@@ -171,6 +203,13 @@ print(
             "pcie": {b: pcie(b) for b in sorted(os.listdir("/sys/bus/pci/devices"))},
             "workload": workload(),
             "tree": tree(),
+            "numa_tree": numa_tree(),
+            "gputuned_cgroups": gputuned_cgroups(),
+            "nvidia_nodes": nvidia_nodes(),
+            "nodes": {
+                os.path.basename(d)[4:]: cpus(read(f"{d}/cpulist"))
+                for d in glob.glob("/sys/devices/system/node/node[0-9]*")
+            },
             "partition_procs": partition_procs(),
             "journal": journal(),
         }
