@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent H200 machine: one slice of the six-scenario matrix (issue 20, item 2;
-# benchmarks/matrix.py, docs/benchmarks.md "The six-scenario matrix").
+# benchmarks/matrix.py, docs/dev/benchmarks.md "matrix.py: the six-scenario matrix").
 #
 #   bash scripts/device/matrix.sh OUTDIR SLICE BLOCKS [SHAPE ...]
 #
