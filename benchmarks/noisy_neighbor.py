@@ -56,7 +56,14 @@ if str(REPO) not in sys.path:
 # Host time per token in the worker: from the start of the token to the sync (launching the
 # GPU's kernels, the CPU-bound part); the whole token for the CPU stand-in.
 _HOST_S: list[float] = []
-NOISE_PARTS = {"cpu": ("cpu",), "net": ("net",), "disk": ("disk",), "heavy": ("cpu", "net", "disk")}
+#: "none": the noisy windows run on a quiet host (the matrix's baseline, benchmarks/matrix.py).
+NOISE_PARTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "cpu": ("cpu",),
+    "net": ("net",),
+    "disk": ("disk",),
+    "heavy": ("cpu", "net", "disk"),
+}
 #: The server-shaped worker's API process, as a profile copy's rule matches it (--shape server).
 API_MATCH = r"/noisy_neighbor\.py --role api\b"
 GOAL_TOK, GOAL_P99 = 0.97, 1.10
@@ -801,8 +808,17 @@ def table(summary: dict[str, Any], header: str) -> str:
 # ---- the plot ----------------------------------------------------------------------------------
 
 
-def plot(summary: dict[str, Any], path: Path, title: str) -> str:
-    """matplotlib when installed; otherwise a plain PNG of the same bars, without text."""
+def plot(
+    summary: dict[str, Any],
+    path: Path,
+    title: str,
+    goal_p99: float = GOAL_P99,
+    legend: str = "{} noise",
+) -> str:
+    """matplotlib when installed; otherwise a plain PNG of the same bars, without text.
+
+    ``summary``: series (a bar colour each, named in the legend by ``legend``) -> group (a
+    position on the x axis) -> figure -> its spread."""
     try:
         import matplotlib
 
@@ -813,7 +829,7 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> str:
         return "plain (matplotlib not installed: bars only, no labels)"
     panels = (
         ("tok_s_x", "tokens/s (x clean)", GOAL_TOK),
-        ("p99_x", "p99 token latency (x clean)", GOAL_P99),
+        ("p99_x", "p99 token latency (x clean)", goal_p99),
         ("runq_ms_per_token", "run-queue delay (ms/token)", None),
     )
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
@@ -830,7 +846,7 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> str:
                     ys.append(s["median"])
                     lo.append(s["median"] - s["min"])
                     hi.append(s["max"] - s["median"])
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=f"{noise} noise")
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=legend.format(noise))
         ax.set_xticks([j + width * (len(noises) - 1) / 2 for j in range(len(conds))])
         ax.set_xticklabels(conds, rotation=20, ha="right")
         ax.set_title(label)
@@ -896,36 +912,53 @@ def run_orders(args: argparse.Namespace) -> tuple[str, ...]:
     return ("server-first", "daemon-first") if args.order == "both" else (args.order,)
 
 
-class Block:
-    """One noise kind, one round: every condition once, in order."""
+#: A step of a block under noise: ("noisy",), ("tuned", profile, order), ("reverted",) or
+#: ("pinned", cpus) (the server pinned and reniced by hand, no gputuned: benchmarks/matrix.py).
+Step = tuple[Any, ...]
 
-    def __init__(self, ctx: dict[str, Any], noise_kind: str, rnd: int) -> None:
+
+def default_steps(args: argparse.Namespace, gputuned: bool) -> list[Step]:
+    """noisy, then every profile in every start order, then reverted (with gputuned)."""
+    tuned: list[Step] = [
+        ("tuned", prof, order) for prof in args.profile if gputuned for order in run_orders(args)
+    ]
+    return [("noisy",), *tuned, *([("reverted",)] if tuned else [])]
+
+
+class Block:
+    """One noise kind, one round: clean, every step once in order under the noise, clean
+    again (``steps``: default_steps)."""
+
+    def __init__(
+        self, ctx: dict[str, Any], noise_kind: str, rnd: int, steps: list[Step] | None = None
+    ) -> None:
         self.ctx, self.noise_kind, self.rnd = ctx, noise_kind, rnd
         self.args, self.worker = ctx["args"], ctx["worker"]
+        self.steps = steps  # None: default_steps, when run
         self.windows: list[dict[str, Any]] = []
         self.noise: Noise | None = None  # running: each window also measures its work
 
     def run(self) -> list[dict[str, Any]]:
-        args, gputuned = self.args, self.ctx["gputuned"]
+        args = self.args
         noise = Noise(
             self.ctx["children"], self.noise_kind, self.ctx["counts"], self.ctx["disk_dir"]
         )
+        if self.steps is None:
+            self.steps = default_steps(args, bool(self.ctx["gputuned"]))
         self.measure("clean")
-        orders = run_orders(args)
-        noisy_windows = 2 + len(args.profile) * len(orders)
         # A daemon-first window starts a server of its own: its start-up (model, CUDA) too.
-        extra = 120 + 90 * len(args.profile) * orders.count("daemon-first")
-        noise.start(noisy_windows * (args.window + args.warmup + args.settle) + extra)
+        extra = 120 + 90 * sum(1 for s in self.steps if s[1:] and s[-1] == "daemon-first")
+        noise.start(len(self.steps) * (args.window + args.warmup + args.settle) + extra)
         self.noise = noise
         try:
-            time.sleep(args.settle)
-            self.measure("noisy")
-            for prof in args.profile if gputuned else []:
-                for order in orders:
-                    self.tuned(gputuned, prof, order)
-            if args.profile and gputuned:
-                time.sleep(args.settle)
-                self.measure("reverted")
+            for step in self.steps:
+                if step[0] == "tuned":
+                    self.tuned(self.ctx["gputuned"], step[1], step[2])
+                elif step[0] == "pinned":
+                    self.pinned(step[1])
+                else:  # noisy, reverted: after a pause for the change (noise on, daemon gone)
+                    time.sleep(args.settle)
+                    self.measure(step[0])
         finally:
             self.noise = None
             noise.stop()
@@ -933,6 +966,31 @@ class Block:
         self.measure("clean-again")
         add_ratios(self.windows)
         return self.windows
+
+    def pinned(self, cpus: frozenset[int]) -> None:
+        """The published mitigation, by hand and without gputuned: every thread of the worker's
+        processes on ``cpus`` (as ``taskset -a -p -c``) at nice -10 (``renice`` per thread);
+        measured, then put back as it was and checked."""
+        before = fingerprint(self.worker.pids)
+        threads = pin_by_hand(self.worker.pids, cpus, PINNED_NICE)
+        time.sleep(self.args.settle)
+        placed = placement(self.worker.pids)
+        self.measure("pinned", placement=placed)
+        put_back_by_hand(before["worker_threads"])
+        diff = fingerprint_diff(before, fingerprint(self.worker.pids))
+        self.ctx.setdefault("result", {}).setdefault("pinned", []).append(
+            {
+                "round": self.rnd,
+                "noise": self.noise_kind,
+                "cpus": _cpulist(sorted(cpus)),
+                "threads_set": threads,
+                "placement": placed,
+                "put_back": not diff,
+                "differences": diff,
+            }
+        )
+        if diff:
+            print(f"  WARNING: pinned by hand, not put back: {'; '.join(diff[:3])}")
 
     def measure(self, cond: str, worker: Worker | None = None, **extra: Any) -> None:
         worker = worker or self.worker
@@ -1027,6 +1085,41 @@ class Block:
             if d:
                 more = f" and {len(d) - 3} more" if len(d) > 3 else ""
                 print(f"  WARNING: {what}: {'; '.join(d[:3])}{more}")
+
+
+#: The nice level of the published mitigation (and of the shipped profile's rule).
+PINNED_NICE = -10
+
+
+def _tids(pid: int) -> list[int]:
+    try:
+        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return []
+
+
+def pin_by_hand(pids: list[int], cpus: frozenset[int], nice: int) -> int:
+    """Every thread of ``pids`` on ``cpus`` at ``nice``, as taskset -a and renice would do it;
+    threads started meanwhile are caught by a second pass. Returns how many were set."""
+    done: set[int] = set()
+    for _ in range(3):
+        new = [(p, t) for p in pids for t in _tids(p) if t not in done]
+        if not new:
+            break
+        for _pid, tid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
+                os.setpriority(os.PRIO_PROCESS, tid, nice)  # per thread on Linux (setpriority(2))
+            done.add(tid)
+    return len(done)
+
+
+def put_back_by_hand(threads: dict[str, list[Any]]) -> None:
+    """Each thread's nice and CPUs as ``fingerprint`` recorded them (threads gone: skipped)."""
+    for tid, (nice, _policy, cpus) in threads.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
 
 
 def fresh_diff(ref: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -1265,39 +1358,58 @@ def main(argv: list[str] | None = None) -> int:
     if args.role:
         run_role(args)
         return 0
-    signal.signal(signal.SIGTERM, _terminated)  # run the finally blocks
     kinds = [k.strip() for k in args.noise.split(",") if k.strip()]
     bad = [k for k in kinds if k not in NOISE_PARTS]
     if bad:
         sys.exit(f"unknown noise kind(s) {bad}; use {', '.join(NOISE_PARTS)}")
+
+    def rounds(ctx: dict[str, Any]) -> Iterator[Block]:
+        for rnd in range(1, args.rounds + 1):
+            order = kinds if rnd % 2 else list(reversed(kinds))  # drift cancels over rounds
+            for kind in order:
+                yield Block(ctx, kind, rnd)
+
+    result = run(args, kinds, rounds)
+    finish(args, result)
+    return 0 if not result["leftover_pids"] else 1
+
+
+def run(
+    args: argparse.Namespace,
+    kinds: list[str],
+    schedule: Callable[[dict[str, Any]], Iterator[Block]],
+    name: str = "noisy_neighbor",
+    summarizer: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Start the worker, run every block ``schedule`` yields, stop everything; write and return
+    the result (``DIR/NAME.json``). benchmarks/matrix.py runs its own schedule through this."""
+    signal.signal(signal.SIGTERM, _terminated)  # run the finally blocks
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     children = Children()
     disk_dir = tempfile.mkdtemp(prefix="noisy-disk-", dir=args.disk_dir)
-    result: dict[str, Any] = {"benchmark": "noisy_neighbor", "command": sys.argv, "ok": False}
+    result: dict[str, Any] = {"benchmark": name, "command": sys.argv, "ok": False}
     windows: list[dict[str, Any]] = []  # of whole blocks only
     try:
         ctx = setup(args, children, disk_dir, kinds, result)
-        for rnd in range(1, args.rounds + 1):
-            order = kinds if rnd % 2 else list(reversed(kinds))  # drift cancels over rounds
-            for kind in order:
-                windows += Block(ctx, kind, rnd).run()
+        ctx["result"] = result
+        for block in schedule(ctx):
+            windows += block.run()
         ctx["worker"].close()
         result["ok"] = True
     finally:
         children.stop_all()
         shutil.rmtree(disk_dir, ignore_errors=True)
         # An interrupted run still leaves the figures of the blocks it finished.
-        result["summary"] = summarize(windows) if windows else {}
+        result["summary"] = (summarizer or summarize)(windows) if windows else {}
         result["windows"] = [_public(w, args.keep_latencies) for w in windows]
         result["started_pids"] = children.started
         result["leftover_pids"] = children.alive() + [
             p for p in result.get("worker_pids", []) if p not in children.started and _alive(p)
         ]
         result["elapsed_s"] = round(time.monotonic() - t_start, 1)
-        (args.out / "noisy_neighbor.json").write_text(json.dumps(result, indent=1) + "\n")
-    finish(args, result)
-    return 0 if not result["leftover_pids"] else 1
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def _alive(pid: int) -> bool:
@@ -1366,6 +1478,7 @@ def setup(
     result.update(
         worker=info["worker"],
         worker_info=info,
+        worker_start_s=round(time.monotonic() - t0, 1),
         worker_pids=worker.pids,
         host={
             "cpus": os.cpu_count(),

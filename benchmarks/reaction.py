@@ -359,7 +359,7 @@ def parse_args() -> argparse.Namespace:
     args.kinds = [k.strip() for k in args.noise.split(",") if k.strip()]
     bad = [k for k in args.kinds if k != "none" and k not in NOISE_PARTS]
     if bad or not args.kinds:
-        ap.error(f"--noise: unknown kind(s) {bad}; use none, {', '.join(NOISE_PARTS)}")
+        ap.error(f"--noise: unknown kind(s) {bad}; use {', '.join(NOISE_PARTS)}")
     return args
 
 

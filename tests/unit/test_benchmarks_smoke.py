@@ -107,6 +107,33 @@ def test_tiny_server_shaped_run(tmp_path: Path) -> None:
         assert w["tokens"] > 0 and w["ttft_p50_ms"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
 
 
+def test_tiny_matrix_try_out(tmp_path: Path) -> None:
+    """benchmarks/matrix.py --try-out: paired blocks that take turns (the quiet baseline and
+    network noise, two blocks each, untuned only), one row per scenario with its verdict."""
+    matrix = SCRIPT.parent / "matrix.py"
+    run = subprocess.run(
+        [sys.executable, str(matrix), "--out", str(tmp_path), "--try-out", "--no-gputuned",
+         "--scenarios", "baseline,net", "--blocks", "2", "--net-streams", "1",
+         "--keep-latencies"],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc: dict[str, Any] = json.loads((tmp_path / "matrix.json").read_text())
+    assert doc["ok"] and doc["config"]["try_out"] and doc["leftover_pids"] == []
+    blocks = [(w["noise"], w["round"]) for w in doc["windows"] if w["condition"] == "clean"]
+    assert blocks == [("none", 1), ("net", 1), ("net", 2), ("none", 2)]
+    rows = doc["summary"]["rows"]
+    assert [(r["scenario"], r["condition"], r["blocks"]) for r in rows] == [
+        ("baseline", "untuned", 2),
+        ("net", "untuned", 2),
+    ]
+    assert all(r["verdict"] == "met" or r["verdict"].startswith("not met: ") for r in rows)
+    assert "neighbour_work_per_s" in next(w for w in doc["windows"] if w["noise"] == "net"
+                                          and w["condition"] == "noisy")  # fmt: skip
+    assert "TRY-OUT" in run.stdout and "| baseline | untuned | 2 |" in run.stdout
+    assert png_size((tmp_path / "matrix.png").read_bytes())[0] > 100
+
+
 @pytest.mark.parametrize("role", ["cpu", "net", "disk"])
 def test_noise_ends_by_itself_at_its_deadline(tmp_path: Path, role: str) -> None:
     argv = [sys.executable, str(SCRIPT), "--role", role, "--deadline", str(time.time() + 0.5)]
