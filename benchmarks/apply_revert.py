@@ -29,12 +29,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import gputuned.apply as apply_mod
-import gputuned.engine as engine_mod
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host import Host
-from gputuned.journal import Journal
-from gputuned.profile import load_profile
+import gputuned.engine.apply as apply_mod
+import gputuned.engine.plan as engine_mod
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.profile.load import load_profile
+from gputuned.root import open_kernel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -132,7 +132,7 @@ def main() -> int:
     root = work or Path("/")
     applies, reverts, writes = [], [], []
     for _ in range(args.rounds):
-        host = Host(root)
+        host = open_kernel(root)
         time.sleep(args.gap)
         if breakdown:
             breakdown.active = True
@@ -143,7 +143,7 @@ def main() -> int:
             breakdown.end_round(applied * 1000)
         time.sleep(args.gap)
         t1 = time.perf_counter()
-        rev = revert_all(Host(root))
+        rev = revert_all(open_kernel(root))
         t2 = time.perf_counter()
         if report.failed or rev.failed:
             print(f"failed: {report.failed} {rev.failed}", file=sys.stderr)

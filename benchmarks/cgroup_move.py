@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from gputuned.host import Host
-from gputuned.host.mounts import find
-from gputuned.host.proc import read_process
-from gputuned.host.system import read_cgroup_layout
+from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.mounts import find
+from gputuned.kernel.proc import read_process
+from gputuned.kernel.system import read_cgroup_layout
 
-HOST = Host(Path("/"))
+HOST = LiveKernel()
 
 
 def cgroup2_point() -> str:

@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gputuned import cli  # noqa: E402
+from gputuned.cli import main as cli  # noqa: E402
 
 TREES = REPO / "tests" / "data" / "hosts"
 #: Tree and weight: the 24-function dual-socket tree costs five times the small ones per round.

@@ -5,7 +5,7 @@
 For every PCI function: the sysfs ``config`` file opened and read with 4, 64, 256 and 4096
 bytes (a new open each time, as a plan does), 5 reads of 4 bytes on one open file, a read of
 ``current_link_speed``, gputuned's own read (only the registers it decodes, one open per
-span, as ``Host.read_bytes`` does), and the same sizes through ``/proc/bus/pci`` (which skips sysfs's
+span, as the kernel port's ``read_bytes`` does), and the same sizes through ``/proc/bus/pci`` (which skips sysfs's
 runtime-PM get/put around the read). Median microseconds of N tries each. Under PCIe
 passthrough each access can trap to the hypervisor: this says whether a read costs per call
 or per byte, which decides how gputuned reads config space (docs/dev/benchmarks.md). Nothing is
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gputuned.host.pciconfig import read_registers
+from gputuned.kernel.pciconfig import read_registers
 
 DEVICES = Path("/sys/bus/pci/devices")
 

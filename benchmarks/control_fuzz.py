@@ -42,8 +42,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gputuned.host import Host  # noqa: E402
-from gputuned.host.control import daemon_running, request  # noqa: E402
+from gputuned.kernel import Kernel  # noqa: E402
+from gputuned.root import open_kernel  # noqa: E402
+from gputuned.service.control import daemon_running, request  # noqa: E402
 from tests.localuser import LocalUser, local_user  # noqa: E402
 from tests.unit.test_apply import digest, tree_copy  # noqa: E402
 
@@ -192,7 +193,7 @@ def rss_kib(pid: int) -> int:
 class Prober(threading.Thread):
     """Root's status every 10 ms on a fresh connection, timed end to end."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Kernel) -> None:
         super().__init__(daemon=True)
         self.host = host
         self.ms: list[float] = []
@@ -228,7 +229,7 @@ def fuzz(user: LocalUser, args: argparse.Namespace, work: Path) -> dict[str, Any
              "--profile", str(prof)],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
-    host = Host(root)
+    host = open_kernel(root)
     try:
         deadline = time.monotonic() + 60
         while not daemon_running(host):

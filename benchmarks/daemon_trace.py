@@ -126,10 +126,11 @@ class Tracer:
 
 def install(tracer: Tracer) -> None:
     """Wrap the daemon's placement path (module attributes, looked up at call time)."""
-    import gputuned.apply as apply_mod
-    import gputuned.daemon as daemon_mod
-    import gputuned.host.procwatch as pw
-    from gputuned.journal import Journal
+    import gputuned.daemon.core as daemon_mod
+    import gputuned.daemon.keeper as keeper_mod
+    import gputuned.engine.apply as apply_mod
+    import gputuned.service.procwatch as pw
+    from gputuned.engine.journal import Journal
 
     parse = pw.parse_datagram
 
@@ -166,7 +167,7 @@ def install(tracer: Tracer) -> None:
     daemon_cls._on_proc_events = _on_proc_events  # type: ignore[method-assign]
     daemon_cls._place = _place  # type: ignore[method-assign]
     for mod, name, label in (
-        (daemon_mod, "plan_processes", "plan"),
+        (keeper_mod, "plan_processes", "plan"),
         (daemon_mod, "forget_process", "forget exited"),
         (apply_mod, "write", lambda _h, op, _v: f"write: {op.kind}"),
     ):
@@ -326,7 +327,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, str(Path(opts["--tree"]).resolve()))
     if "--trace" in opts:
         install(Tracer(Path(opts["--trace"])))
-    from gputuned.daemon import main as daemon_main
+    from gputuned.daemon.main import main as daemon_main
 
     with contextlib.suppress(KeyboardInterrupt):
         return daemon_main(argv)

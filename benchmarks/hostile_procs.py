@@ -49,16 +49,16 @@ from typing import Any
 from noisy_neighbor import Children, Gputuned, fingerprint, fingerprint_diff, percentile
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host.control import request
-from gputuned.host.proc import read_process
-from gputuned.host.sampling import clock_ticks, sample_process
-from gputuned.host.state import JOURNAL
+from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.proc import read_process
+from gputuned.kernel.sampling import clock_ticks, sample_process
+from gputuned.service.control import request
+from gputuned.store.state import JOURNAL
 from tests.integration.test_shipped_rules_live import shipped_rules_profile
 from tests.localuser import LocalUser, NoUser, local_user
 
 USER = "gputuned-test2"
-HOST = Host(Path("/"))
+HOST = LiveKernel()
 
 #: Run as the user: argv = shape, seconds. Builds a 1 MiB command line and execs Python with it;
 #: that Python renames itself every 10 ms (prctl PR_SET_NAME: a comm event each) until the end.
@@ -138,7 +138,7 @@ def cpu_s(pid: int) -> float:
 
 def journal_lines() -> int:
     try:
-        return Path(HOST.real(JOURNAL)).read_bytes().count(b"\n")
+        return HOST.path(JOURNAL).read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
 

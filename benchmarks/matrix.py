@@ -153,7 +153,7 @@ def pin_cpus(mine: argparse.Namespace, args: argparse.Namespace) -> frozenset[in
     """The CPUs the profile's first rule gives the server on this host, from `gputunectl plan`
     (a named set resolved there, or the rule's own CPU list)."""
     from gputuned.cpulist import parse_cpulist
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     if mine.pin_cpus:
         return frozenset(parse_cpulist(mine.pin_cpus))

@@ -364,10 +364,10 @@ def _gpu_tokens() -> tuple[Iterator[float], dict[str, Any]]:
 
 
 def _self_counters() -> Any:
-    from gputuned.host import Host
-    from gputuned.host.sampling import sample_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.sampling import sample_process
 
-    return sample_process(Host(Path("/")), os.getpid())
+    return sample_process(LiveKernel(), os.getpid())
 
 
 def _counter_deltas(a: Any, b: Any) -> dict[str, int]:
@@ -491,10 +491,10 @@ class Gputuned:
     """Start ``gputuned --profile`` as a child, register PIDs, stop it (SIGTERM: it reverts)."""
 
     def __init__(self, children: Children, log: IO[bytes]) -> None:
-        from gputuned.host import Host
-        from gputuned.host.state import ACTIVE, STATE, read_optional_bytes
+        from gputuned.kernel.live import LiveKernel
+        from gputuned.store.state import ACTIVE, STATE, read_optional_bytes
 
-        self.children, self.log, self.host = children, log, Host(Path("/"))
+        self.children, self.log, self.host = children, log, LiveKernel()
         self.proc: subprocess.Popen[bytes] | None = None
         #: How the daemon is run; benchmarks/reaction.py --breakdown runs it through
         #: benchmarks/daemon_trace.py.
@@ -504,7 +504,7 @@ class Gputuned:
         self.saved = {p: read_optional_bytes(self.host, p) for p in (ACTIVE, STATE)}
 
     def start(self, profile: Path, timeout: float = 60.0) -> float:
-        from gputuned.host.control import daemon_running
+        from gputuned.service.control import daemon_running
 
         t0 = time.monotonic()
         argv = [*self.launcher, "--profile", str(profile.absolute())]
@@ -524,21 +524,21 @@ class Gputuned:
         return time.monotonic() - t0
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        from gputuned.host.control import request
+        from gputuned.service.control import request
 
         return request(self.host, msg)
 
     def stop(self) -> dict[str, Any]:
         """SIGTERM (the daemon reverts), then check that nothing is left applied."""
-        from gputuned.host.state import remove, replace_durable
-        from gputuned.journal import Journal
+        from gputuned.engine.journal import Journal
+        from gputuned.store.state import remove, replace_durable
 
         assert self.proc is not None
         rc = self.children.stop(self.proc, wait=60.0)
         self.proc = None
         left = len(Journal(self.host))
         if rc != 0 or left:
-            from gputuned.apply import revert_all
+            from gputuned.engine.apply import revert_all
 
             rep = revert_all(self.host, forget_profile=False)
             print(f"gputuned exited {rc} leaving {left} journal entries; reverted: {rep.to_json()}")
@@ -551,8 +551,8 @@ class Gputuned:
 
 
 def check_untuned(host: Any) -> None:
-    from gputuned.host.control import daemon_running
-    from gputuned.journal import Journal
+    from gputuned.engine.journal import Journal
+    from gputuned.service.control import daemon_running
 
     if os.geteuid() != 0:
         sys.exit("the gputuned conditions need root (or run with --no-gputuned)")
@@ -567,11 +567,11 @@ def fingerprint(pid: int | list[int]) -> dict[str, Any]:
     processes (``pid``: one, or every process of a server-shaped worker; the first is the one
     whose cgroup is shown)."""
     from gputuned import errors
-    from gputuned.host import Host
-    from gputuned.host.proc import read_process
-    from gputuned.host.system import read_cgroup_layout, read_default_affinity, read_interrupts
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
+    from gputuned.kernel.system import read_cgroup_layout, read_default_affinity, read_interrupts
 
-    host = Host(Path("/"))
+    host = LiveKernel()
     mount = read_cgroup_layout(host).v2_mount
     pids = [pid] if isinstance(pid, int) else pid
     procs = []
@@ -615,17 +615,18 @@ def isolated_profile(
     On a machine others use too, the shipped rule would also place their vLLM-like processes.
     What the rule does (CPUs, nice, policy, partition, children) is kept; only ``match``
     changes, and it still names an account, as a rule that grants CPUs or a negative nice must.
+    ``profile``'s folder is copied into ``work/base`` and included from there: an include must
+    lie beside the including file or below its folder.
     """
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     rules = load_profile(profile).process
     chosen = next((r for r in rules if r.name == rule_name), rules[0])
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
     rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
-    # An include must lie beside the including file or below it (gputuned/profile.py): a copy.
-    base = work / f"base-{profile.name}"
-    shutil.copyfile(profile, base)
-    lines = [f"include = [{json.dumps(base.name)}]", "", "[[process]]"]
+    base = work / "base"
+    shutil.copytree(profile.absolute().parent, base, dirs_exist_ok=True)
+    lines = [f"include = [{json.dumps(f'base/{profile.name}')}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:
             lines.append(f"{key}.{k} = {_toml(v)}" if k else f"{key} = {_toml(v)}")
@@ -1139,10 +1140,10 @@ def fresh_diff(ref: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def start_time(pid: int) -> int:
     """proc(5) stat field 22: with the PID, a process's identity (register sends both)."""
-    from gputuned.host import Host
-    from gputuned.host.proc import read_identity
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_identity
 
-    return read_identity(Host(Path("/")), pid)[0]
+    return read_identity(LiveKernel(), pid)[0]
 
 
 def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> float | None:
@@ -1150,15 +1151,13 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
     if wanted is None:
         return None
     from gputuned import errors
-    from gputuned.host import Host
-    from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         try:
-            if all(
-                t.nice == wanted for p in pids for t in read_process(Host(Path("/")), p).threads
-            ):
+            if all(t.nice == wanted for p in pids for t in read_process(LiveKernel(), p).threads):
                 return round(time.monotonic() - t0, 3)
         except errors.TargetGone:
             pass
@@ -1169,11 +1168,11 @@ def wait_placed(pids: list[int], wanted: int | None, timeout: float = 60.0) -> f
 
 def host_capture() -> Path:
     """``gputunectl capture --stable`` of this host into a new temporary directory."""
-    from gputuned.host import Host
-    from gputuned.host.capture import capture
+    from gputuned.kernel.capture import capture
+    from gputuned.kernel.live import LiveKernel
 
     dest = Path(tempfile.mkdtemp(prefix="nn-capture-"))
-    capture(Host(Path("/")), dest, stable=True)
+    capture(LiveKernel(), dest, stable=True)
     return dest
 
 
@@ -1213,11 +1212,11 @@ def steal_ticks() -> dict[int, int]:
 def _allowed_cpus(pid: int) -> list[int]:
     """The CPUs the worker's main thread may run on ([] once it is gone)."""
     from gputuned import errors
-    from gputuned.host import Host
-    from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
     try:
-        threads = read_process(Host(Path("/")), pid).threads
+        threads = read_process(LiveKernel(), pid).threads
     except errors.GputunedError:
         return []
     return sorted(next((t.affinity for t in threads if t.tid == pid), frozenset()))
@@ -1436,7 +1435,7 @@ def setup(
     kinds: list[str],
     result: dict[str, Any],
 ) -> dict[str, Any]:
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     counts = noise_counts(args)
     rules = {}

@@ -56,17 +56,17 @@ def gputunectl(*argv: str) -> None:
 
 
 def threads(pid: int) -> list[int]:
-    from gputuned.host import Host
-    from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
-    return [t.tid for t in read_process(Host(Path("/")), pid).threads]
+    return [t.tid for t in read_process(LiveKernel(), pid).threads]
 
 
 def cgroup_of(pid: int) -> str:
-    from gputuned.host import Host
-    from gputuned.host.proc import read_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.proc import read_process
 
-    return read_process(Host(Path("/")), pid, threads=False).cgroup
+    return read_process(LiveKernel(), pid, threads=False).cgroup
 
 
 class Variants:
@@ -186,9 +186,9 @@ def main() -> int:
     if os.geteuid() != 0:
         print("placement_variants.py: needs root (it applies a profile)", file=sys.stderr)
         return 2
-    from gputuned.host import Host
+    from gputuned.kernel.live import LiveKernel
 
-    nn.check_untuned(Host(Path("/")))
+    nn.check_untuned(LiveKernel())
     args.out.mkdir(parents=True, exist_ok=True)
     counts = nn.default_noise_counts()
     disk_dir = tempfile.mkdtemp(prefix="variants-disk-", dir="/var/tmp")

@@ -56,10 +56,12 @@ from noisy_neighbor import (
 )
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host.proc import ProcInfo, read_process, user_id
-from gputuned.host.sampling import clock_ticks, sample_process
-from gputuned.profile import Profile, load_profile
+from gputuned.kernel import Kernel
+from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.proc import ProcInfo, read_process
+from gputuned.kernel.sampling import clock_ticks, sample_process
+from gputuned.profile.load import load_profile
+from gputuned.profile.model import Profile
 
 PROBE_NAME = "gputuned-reaction-probe.py"
 PROBE = """\
@@ -93,15 +95,13 @@ class Wanted:
 
 def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     """The rule that matches the probe, and what it makes of a process (as the daemon plans)."""
-    from gputuned.engine import read_context
+    from gputuned.engine.plan import read_context
     from gputuned.tuners.process import matches
 
     me = os.geteuid()
     fake = ProcInfo(0, 0, Path(argv[0]).name[:15], argv[0], " ".join(argv), "", (), uid=me, euid=me)
     uids = {
-        r.match.user: user_id(Host(Path("/")), r.match.user)
-        for r in profile.process
-        if r.match.user
+        r.match.user: LiveKernel().user_id(r.match.user) for r in profile.process if r.match.user
     }
     rule = next(
         (
@@ -113,7 +113,7 @@ def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     )
     if rule is None:
         sys.exit(f"no [[process]] rule of {profile.name} matches the probe {' '.join(argv)}")
-    ctx = read_context(Host(Path("/")), profile)
+    ctx = read_context(LiveKernel(), profile)
     cs = profile.cpuset
     moves = rule.move_to_partition and cs is not None and cs.mode in ("root", "isolated")
     return rule.name, Wanted(
@@ -182,7 +182,7 @@ def sched_setattr_slice(tid: int, slice_ns: int, nice: int) -> None:
 
 
 def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
-    host = Host(Path("/"))
+    host = LiveKernel()
     forks0 = _forks(host)
     a, t0 = sample_process(host, pid), time.monotonic()
     time.sleep(seconds)
@@ -202,7 +202,7 @@ def idle_cpu(pid: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def _forks(host: Host) -> int:
+def _forks(host: Kernel) -> int:
     """Processes and threads created since boot (the ``processes`` line of /proc/stat)."""
     for line in host.read_text("/proc/stat").splitlines():
         if line.startswith("processes "):
@@ -211,7 +211,7 @@ def _forks(host: Host) -> int:
 
 
 def one_start(children: Children, argv: list[str], want: Wanted) -> dict[str, Any]:
-    host = Host(Path("/"))
+    host = LiveKernel()
     t0_ns = time.monotonic_ns()
     t0 = t0_ns / 1e9
     proc = children.start(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)

@@ -208,12 +208,11 @@ class Api:
 
 
 def _counters(pids: list[int]) -> dict[int, Any]:
-    from pathlib import Path
 
-    from gputuned.host import Host
-    from gputuned.host.sampling import sample_process
+    from gputuned.kernel.live import LiveKernel
+    from gputuned.kernel.sampling import sample_process
 
-    return {pid: sample_process(Host(Path("/")), pid) for pid in pids}
+    return {pid: sample_process(LiveKernel(), pid) for pid in pids}
 
 
 def _deltas(a: dict[int, Any], b: dict[int, Any]) -> dict[str, int]:

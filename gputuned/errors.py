@@ -1,8 +1,8 @@
 """The one exception tree of gputuned.
 
-Host code translates ``OSError`` into these exactly once (see ``gputuned.host.translate``);
-everything above the host layer raises and catches only these. Every message says what the
-user can do about it.
+The code that touches the machine (the kernel port, gputuned's own files, its sockets) turns
+``OSError`` into these exactly once (:func:`gputuned.kernel.oserrors.translate`); everything
+above it raises and catches only these. Every message says what the user can do about it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class NoSpace(HostError):
 
 
 class PathEscape(GputunedError):
-    """A path given to Host tried to leave the host root (``..`` or similar)."""
+    """A path given to the kernel port tried to leave its root (``..`` or similar)."""
 
 
 class ProfileError(GputunedError):

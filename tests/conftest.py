@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.fs import Host
+from tests.faults import FaultKernel, tree_kernel
 
 # ---- host trees (tests/data/hosts, built by tests/data/build_trees.py) ---------------------
 
@@ -29,16 +29,27 @@ ALL_TREES = (
 
 
 @pytest.fixture
-def tree_host() -> Callable[[str], Host]:
-    """``tree_host("h200-vm")`` -> a ``Host`` rooted at that committed tree (read it, don't
-    write it: copy the tree to ``tmp_path`` first for tests that apply changes)."""
+def tree_host() -> Callable[[str], FaultKernel]:
+    """``tree_host("h200-vm")`` -> the kernel of that committed tree, with faults and a write
+    log (tests/faults.py; read it, don't write it: copy the tree to ``tmp_path`` first for tests
+    that apply changes)."""
 
-    def make(name: str) -> Host:
+    def make(name: str) -> FaultKernel:
         if name not in ALL_TREES:
             raise ValueError(f"no host tree {name!r}; known: {', '.join(ALL_TREES)}")
-        return Host(TREES_DIR / name)
+        return tree_kernel(TREES_DIR / name)
 
     return make
+
+
+@pytest.fixture
+def fault_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels the command line opens in this process (``--root``) take the faults their
+    tree lists under ``inject`` (tests/faults.py)."""
+    import gputuned.root
+
+    real = gputuned.root.open_kernel
+    monkeypatch.setattr(gputuned.root, "open_kernel", lambda root: FaultKernel(real(root)))
 
 
 # ---- end of host trees ----------------------------------------------------------------------

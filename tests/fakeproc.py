@@ -4,7 +4,7 @@
 writes ``/proc/4242/{stat,status,cmdline,comm,cgroup,exe}`` and ``task/TID/{stat,status,comm,
 cgroup}`` for the main thread (TID = PID) and every extra thread in ``threads``. On a tree with a
 cgroup v2 mount the process's cgroup is made where missing (as the kernel makes cgroups, through
-``TreeKernel.mkdir``, so a move out and back works) and the PID joins its ``cgroup.procs``. Field
+``TreeModel.mkdir``, so a move out and back works) and the PID joins its ``cgroup.procs``. Field
 layouts are the kernel's (fs/proc/array.c do_task_stat / proc_pid_status), values plausible for a
 Python process.
 """
@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist
-from gputuned.host.treekernel import TreeKernel
+from gputuned.sim.model import TreeModel
 
 POLICY_RT = (1, 2)  # SCHED_FIFO, SCHED_RR
 
@@ -29,7 +29,7 @@ def _nr_cpu_ids(root: Path) -> int:
 
 
 def _cgroup2_mount(root: Path) -> str | None:
-    mounts = TreeKernel(root).cgroup2_mounts()
+    mounts = TreeModel(root).cgroup2_mounts()
     return mounts[0] if mounts else None
 
 
@@ -163,7 +163,7 @@ def add_process(
     mount = _cgroup2_mount(root)
     if mount is None:
         return
-    tk = TreeKernel(root)
+    tk = TreeModel(root)
     cg = mount
     for part in [p for p in cgroup.split("/") if p]:
         cg = f"{cg}/{part}"

@@ -24,8 +24,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
-from gputuned.changes import PlanContext, TunerPlan
 from gputuned.cpulist import format_cpulist
+from gputuned.engine.changes import PlanContext, TunerPlan
 
 #: Keys with their own field; `extra` may not set them a second time.
 TYPED_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity", "pcie_aspm")

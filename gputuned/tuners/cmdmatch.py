@@ -7,13 +7,13 @@ a pattern searched in such a line can take time without end: with the first ship
 ``python3`` and 40 ``-X`` options (128 bytes) took minutes, and a 1 MiB line stalled root's
 ``gputunectl status`` (issue 14, finding 5). Three limits, each stated in docs/profiles.md:
 
-- Only the first :data:`~gputuned.host.proc.CMDLINE_BYTES` (4 KiB) of a command line are read
-  and searched (gputuned/host/proc.py); a longer one is cut there.
+- Only the first :data:`~gputuned.kernel.proc.CMDLINE_BYTES` (4 KiB) of a command line are read
+  and searched (gputuned/kernel/proc.py); a longer one is cut there.
 - A pattern in which a repetition without an upper bound (``*``, ``+``, ``{m,}``) holds
   another one is refused at load (:func:`check_pattern`): such patterns can backtrack
   exponentially. Possessive (``*+``) and atomic (``(?>...)``) forms never give back what they
   matched and are accepted.
-- Each search gets :data:`BUDGET_S` of CPU (:class:`~gputuned.host.cpubudget.CpuBudget`). One
+- Each search gets :data:`BUDGET_S` of CPU (:class:`~gputuned.kernel.cpubudget.CpuBudget`). One
   that runs past it is stopped and the pattern is *suspended* until the profile is applied
   again: it is not run again, and it answers as the safe side would. A suspended
   ``match.cmdline`` matches nothing (the rule grants nothing new; processes it placed stay
@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from gputuned.host.cpubudget import CpuBudget, Overrun
+from gputuned.kernel.cpubudget import CpuBudget, Overrun
 
 log = logging.getLogger(__name__)
 

@@ -80,11 +80,11 @@ from pydantic import (
 )
 
 from gputuned import errors
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.cpusets import PartitionSpec, partition_layout, shared_cpus
-from gputuned.host import Host, mounts
-from gputuned.host.system import Partition, valid_partitions
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel import Kernel, mounts
+from gputuned.kernel.system import Partition, valid_partitions
+from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 _CGROUP_NS = "/proc/self/ns/cgroup"
@@ -239,7 +239,7 @@ class CpusetTuner:
         for part in parts:
             self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
         ours = {p.cgroup for p in parts}
-        held = _held_by_others(ctx.host, layout.v2_mount, ours, cpus)
+        held = _held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
         if held:
             out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
         return out
@@ -263,12 +263,12 @@ class CpusetTuner:
     def _plan_partition(
         self, ctx: PlanContext, cfg: Config, part: PartitionSpec, mount: str, out: TunerPlan
     ) -> None:
-        host = ctx.host
+        kernel = ctx.kernel
         group = f"{mount}/{part.cgroup}"
         ro = cfg.report_only
         cpus = part.cpus
         cpulist = format_cpulist(cpus)
-        exists = host.is_dir(group)
+        exists = kernel.is_dir(group)
         out.changes.append(
             Change(
                 self.name,
@@ -284,7 +284,7 @@ class CpusetTuner:
         )
 
         def cur(name: str) -> str:
-            return (host.read_optional(f"{group}/{name}") or "") if exists else ""
+            return (kernel.read_optional(f"{group}/{name}") or "") if exists else ""
 
         # Order matters (Documentation/admin-guide/cgroup-v2.rst, "Cpuset Interface Files";
         # kernel/cgroup/cpuset.c). The exclusive CPUs (Linux 6.7+) first: the kernel refuses
@@ -297,7 +297,7 @@ class CpusetTuner:
         # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
         # cpuset.cpus, and the claim is let go last.
         steps = []
-        if _has_exclusive(host, mount, group if exists else None):
+        if _has_exclusive(kernel, mount, group if exists else None):
             steps.append(
                 ("cpuset.cpus.exclusive", cpulist, "cpulist", "claims the CPUs for this partition")
             )
@@ -340,10 +340,10 @@ def _plan_favordynmods(ctx: PlanContext, cfg: Config, out: TunerPlan) -> None:
             raise errors.NotSupported(
                 f"no cgroup v2 hierarchy is mounted (cgroup mode: {ctx.cgroup.mode})"
             )
-        mount = mounts.find(ctx.host, point, "cgroup2")
+        mount = mounts.find(ctx.kernel, point, "cgroup2")
         wanted = mounts.with_option(mount.super_options, "favordynmods")
         if wanted != mount.super_options:
-            _check_remount(ctx.host, mount, wanted)
+            _check_remount(ctx.kernel, mount, wanted)
     except errors.HostError as exc:
         out.refused.append(Refusal(CpusetTuner.name, target, f"not possible here: {exc}"))
         return
@@ -365,16 +365,16 @@ def _plan_favordynmods(ctx: PlanContext, cfg: Config, out: TunerPlan) -> None:
     )
 
 
-def _check_remount(host: Host, mount: mounts.Mount, wanted: str) -> None:
+def _check_remount(kernel: Kernel, mount: mounts.Mount, wanted: str) -> None:
     """NotSupported where remounting ``mount`` with ``wanted`` cannot work on this host."""
-    features = host.read_optional(mounts.CGROUP_FEATURES)
+    features = kernel.read_optional(mounts.CGROUP_FEATURES)
     if features is not None and "favordynmods" not in features.split():
         raise errors.NotSupported(
             f"this kernel has no favordynmods (Linux 6.0+; {mounts.CGROUP_FEATURES} does not "
             "list it)"
         )
     try:
-        ns = host.readlink(_CGROUP_NS)
+        ns = kernel.readlink(_CGROUP_NS)
     except errors.HostError:  # a tree without it, or a kernel without cgroup namespaces
         ns = _INIT_CGROUP_NS
     if ns != _INIT_CGROUP_NS:
@@ -385,18 +385,18 @@ def _check_remount(host: Host, mount: mounts.Mount, wanted: str) -> None:
     mounts.remount_call(mount, wanted)  # refuses a mount that one remount cannot keep as it is
 
 
-def _has_exclusive(host: Host, mount: str, group: str | None) -> bool:
+def _has_exclusive(kernel: Kernel, mount: str, group: str | None) -> bool:
     """Whether this kernel has cpuset.cpus.exclusive (6.7+): look at the group or any child."""
     if group is not None:
-        return host.exists(f"{group}/cpuset.cpus.exclusive")
+        return kernel.exists(f"{group}/cpuset.cpus.exclusive")
     # cpuset.cpus.isolated, in the root cgroup, came with the same cpuset rework (6.7+); it is
     # there even before any child has the cpuset controller enabled.
-    if host.exists(f"{mount}/cpuset.cpus.isolated"):
+    if kernel.exists(f"{mount}/cpuset.cpus.isolated"):
         return True
     return any(
-        host.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
-        for name in host.listdir(mount)
-        if host.is_dir(f"{mount}/{name}")
+        kernel.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
+        for name in kernel.listdir(mount)
+        if kernel.is_dir(f"{mount}/{name}")
     )
 
 
@@ -416,7 +416,7 @@ def _shared_refusal(
 
 
 def _held_by_others(
-    host: Host, mount: str, ours: set[str], cpus: frozenset[int]
+    kernel: Kernel, mount: str, ours: set[str], cpus: frozenset[int]
 ) -> list[Partition]:
     """Valid partitions other than ours that hold any of ``cpus``.
 
@@ -429,7 +429,7 @@ def _held_by_others(
             other == cg or cg.startswith(other + "/") or other.startswith(cg + "/") for cg in ours
         )
 
-    return [p for p in valid_partitions(host, mount) if p.cpus & cpus and not related(p.cgroup)]
+    return [p for p in valid_partitions(kernel, mount) if p.cpus & cpus and not related(p.cgroup)]
 
 
 def _held_refusal(

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputuned.cpulist import format_cpulist
-from gputuned.cpusets import PARTITION_MODES, PartitionSpec, partition_layout
+from gputuned.profile.cpusets import PARTITION_MODES, PartitionSpec, partition_layout
 from gputuned.tuners.gpuuse import gpu_use
 
 if TYPE_CHECKING:
-    from gputuned.changes import PlanContext
+    from gputuned.engine.changes import PlanContext
     from gputuned.tuners.gpuuse import GpuUse
     from gputuned.tuners.process import Config
     from gputuned.tuners.proctree import Claim
@@ -163,7 +163,7 @@ def by_gpu_targets(
     rules = [r for r in ctx.profile.process if r.by_gpu and r.cpus != "keep"]
     if not rules:
         return {}
-    use = ctx.gpu_use or gpu_use(ctx.host, ctx.cpus.gpus, ctx.snap.nvml)
+    use = ctx.gpu_use or gpu_use(ctx.kernel, ctx.cpus.gpus, ctx.snap.nvml)
     every = {**ctx.claimed, **claims}
     out: dict[int, Target] = {}
     for rule in rules:

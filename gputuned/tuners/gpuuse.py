@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gputuned.host.fs import Host
-from gputuned.host.gpuuse import device_minors, driver_minors, gpu_environ
-from gputuned.host.nvml import NvmlGpu
-from gputuned.topology import GpuRef
+from gputuned.kernel import Kernel
+from gputuned.kernel.gpuuse import device_minors, driver_minors, gpu_environ
+from gputuned.kernel.nvml import NvmlGpu
+from gputuned.profile.topology import GpuRef
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class GpuUse:
     """GPU use of processes on one host, each read once (memoised), lazily: most processes a
     plan sees are never asked about."""
 
-    host: Host
+    host: Kernel
     gpus: tuple[Gpu, ...]
     nvml_pids: dict[int, frozenset[int]] = field(default_factory=dict)  # pid -> GPU indexes
     minor_index: dict[int, int] = field(default_factory=dict)  # device minor -> GPU index
@@ -171,7 +171,7 @@ class GpuUse:
                 self._memo.pop(pid, None)
 
 
-def gpu_use(host: Host, refs: Sequence[GpuRef], nvml: list[NvmlGpu] | None) -> GpuUse:
+def gpu_use(host: Kernel, refs: Sequence[GpuRef], nvml: list[NvmlGpu] | None) -> GpuUse:
     """A :class:`GpuUse` for ``host``: its GPUs (``refs``, gputuned's indexes), NVML's answers
     where NVML is there, the driver's minor numbers where it is not."""
     by_bdf = {g.bdf: g for g in nvml or []}

@@ -39,10 +39,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from gputuned import errors
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, format_mask
-from gputuned.host import irqbalance
-from gputuned.topology import HostCpus
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel import irqbalance
+from gputuned.profile.topology import HostCpus
 
 #: Above this many online CPUs, plan refuses a layout that puts every movable IRQ on one CPU.
 ONE_CPU_LIMIT = 32
@@ -100,7 +100,7 @@ class IrqTuner:
         out = TunerPlan()
         if cfg is None:
             return out
-        known_bad = {f.path: f.errno for f in ctx.host.faults if f.op == "write" and f.recorded}
+        known_bad = dict(ctx.kernel.recorded_refusals)
         names = {i.irq: i.name for i in ctx.irqs}
         # irq -> (wanted CPUs, compare mode, why). GPU vectors get exactly their CPU; any other
         # IRQ only has to stay inside the others set ("cpulist_subset").
@@ -285,7 +285,7 @@ class IrqTuner:
             )
             return
         try:
-            banned, irqs = irqbalance.read_settings(ctx.host, proc.pid)
+            banned, irqs = irqbalance.read_settings(ctx.kernel, proc.pid)
         except errors.HostError as exc:
             out.refused.append(
                 Refusal(

@@ -30,8 +30,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
-from gputuned.host.pci import ASPM_POLICY
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel.pci import ASPM_POLICY
 
 
 class Config(BaseModel):

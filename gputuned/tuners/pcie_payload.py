@@ -26,9 +26,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
-from gputuned.changes import Change, PlanContext, Refusal, TunerPlan
-from gputuned.host.pci import PciDevice
-from gputuned.host.pciconfig import DEVCTL, MRRS_CONTROL, payload_code
+from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.kernel.pci import PciDevice
+from gputuned.kernel.pciconfig import DEVCTL, MRRS_CONTROL, payload_code
 
 #: Sizes the 3-bit MPS and MRRS fields encode (0..5); 6 and 7 are reserved.
 SIZES = (128, 256, 512, 1024, 2048, 4096)

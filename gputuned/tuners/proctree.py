@@ -27,13 +27,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.host.proc import read_process, user_id
+from gputuned.cpulist import parse_cpulist
+from gputuned.kernel.proc import read_process
+from gputuned.settings.threads import policy_value, thread_value
 from gputuned.tuners.cmdmatch import SEARCHES
 
 if TYPE_CHECKING:
-    from gputuned.changes import PlanContext
-    from gputuned.host.proc import ProcInfo, ThreadInfo
+    from gputuned.engine.changes import PlanContext
+    from gputuned.kernel.proc import ProcInfo, ThreadInfo
     from gputuned.tuners.process import Config, Exclude, Match
 
 #: Processes of gputuned itself are never placed, whatever a rule says.
@@ -100,7 +101,7 @@ def owner_key(match: Match) -> str | None:
 def _cheap(rule: Match, proc: ProcInfo, uses: Callable[[int], frozenset[int]]) -> bool:
     """The keys a brief read of /proc answers (stat and cmdline): most processes of a host
     fail these, and are never read further."""
-    if proc.kernel or (proc.exe is None and not proc.cmdline and not proc.brief):
+    if proc.kernel_thread or (proc.exe is None and not proc.cmdline and not proc.brief):
         return False
     return (
         (rule.comm is None or proc.comm == rule.comm)
@@ -127,7 +128,7 @@ def matches(
     ``cgroup``: the process's cgroup before gputuned moved it (journaled), else its own: a
     process matched by unit stays matched once it is in the partition.
     """
-    if proc.kernel or (proc.exe is None and not proc.cmdline):
+    if proc.kernel_thread or (proc.exe is None and not proc.cmdline):
         return False
     where = proc.cgroup if cgroup is None else cgroup
     want_uid = rule.uid if rule.user is None else uid
@@ -196,7 +197,7 @@ def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
 
 
 def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
-    listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel}
+    listed = {p.pid: p for p in procs if p.comm not in OWN_COMMS and not p.kernel_thread}
     by_name = {r.name: r for r in inp.rules}
     out: dict[int, Claim] = {}
     for pid, seen in list(listed.items()):
@@ -297,7 +298,8 @@ class Tuned:
 
 
 def journal_key(pid: int, start: int, attr: str, tid: int | None = None) -> str:
-    """The journal key of a process's setting (apply's Op keys: actions.expand())."""
+    """The journal key of a process's setting: its op's key (a thread's: gputuned/settings/
+    threads.py; a process's cgroup: the change's key, tuners/procwrite.py)."""
     if attr == "cgroup":
         return f"proc_cgroup:{pid}:{start}"
     return f"thread:{pid}:{start}:{pid if tid is None else tid}:{attr}"
@@ -307,13 +309,7 @@ def current(proc: ProcInfo, thread: ThreadInfo | None, attr: str) -> str:
     """A process's (main thread's) value of ``attr`` in the journal's form."""
     if attr == "cgroup":
         return proc.cgroup or "/"
-    if thread is None:
-        return ""
-    if attr == "nice":
-        return str(thread.nice)
-    if attr == "policy":
-        return policy_value(thread.policy, thread.rt_priority)
-    return format_cpulist(thread.affinity)
+    return "" if thread is None else thread_value(thread, attr)
 
 
 def origins(
@@ -359,7 +355,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
             )
         name = rule.match.user
         if name is not None and name not in uids:
-            uids[name] = user_id(ctx.host, name)
+            uids[name] = ctx.kernel.user_id(name)
             if uids[name] is None:
                 notes.append(
                     f"process[{rule.name}]: this host has no account {name!r} (match.user); "
@@ -370,7 +366,7 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
 
     def load(pid: int) -> ProcInfo | None:
         try:
-            return read_process(ctx.host, pid, threads=False, owner=owner)
+            return read_process(ctx.kernel, pid, threads=False, owner=owner)
         except (errors.TargetGone, errors.PermissionDenied):
             return None
 
@@ -433,8 +429,3 @@ def parent_origin(
     if known is None:
         return None
     return {a: ctx.original(journal_key(c.parent, known.start, a)) for a in INHERITED}
-
-
-def policy_value(policy: str, priority: int) -> str:
-    """One string per scheduling setting: "other", "batch", "fifo:10"."""
-    return f"{policy}:{priority}" if policy in ("fifo", "rr") else policy

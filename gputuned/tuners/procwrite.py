@@ -1,6 +1,6 @@
 """The settings of one process a `[[process]]` rule claims, as plan changes.
 
-One :class:`~gputuned.changes.Change` per attribute (nice, policy, affinity: one value per
+One :class:`~gputuned.engine.changes.Change` per attribute (nice, policy, affinity: one value per
 thread; the cgroup: the whole process), keyed as the journal keys them, each carrying the
 originals :mod:`gputuned.tuners.proctree` worked out: a thread that shows what a placement
 passed on at fork has its ancestor's original journaled, not the value it shows.
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gputuned.changes import Change, PlanContext
+from gputuned.engine.changes import Change, PlanContext
 
 if TYPE_CHECKING:
-    from gputuned.host.proc import ProcInfo
+    from gputuned.kernel.proc import ProcInfo
     from gputuned.tuners.process import Config
     from gputuned.tuners.proctree import Claim, Tuned
 
 
 class ChangeWriter:
-    """Builds the changes of one process (see process.ProcessTuner._plan_proc)."""
+    """Builds the changes of one process (see procplan.ProcessTuner._plan_proc)."""
 
     def __init__(self, tuner: str, ctx: PlanContext, rule: Config, proc: ProcInfo, c: Claim):
         self.tuner, self.ctx, self.rule, self.proc, self.claim = tuner, ctx, rule, proc, c

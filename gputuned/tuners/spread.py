@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 from gputuned.cpulist import format_cpulist, parse_cpulist
 
 if TYPE_CHECKING:
-    from gputuned.changes import Change, PlanContext
-    from gputuned.host.proc import ProcInfo
+    from gputuned.engine.changes import Change, PlanContext
+    from gputuned.kernel.proc import ProcInfo
     from gputuned.tuners.process import Config
     from gputuned.tuners.proctree import Claim
 

@@ -15,10 +15,10 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 python3 - <<'PY' 2>&1 | tee "$out/gpuuse.txt"
 import os, subprocess, sys, time
 from gputuned.host import Host
-from gputuned.host.gpuuse import device_minors, driver_minors, gpu_environ
-from gputuned.host.nvml import read_gpus
-from gputuned.host.pci import scan
-from gputuned.host.system import read_host_cpus
+from gputuned.kernel.gpuuse import device_minors, driver_minors, gpu_environ
+from gputuned.kernel.nvml import read_gpus
+from gputuned.kernel.pci import scan
+from gputuned.kernel.system import read_host_cpus
 from gputuned.tuners.gpuuse import gpu_use
 
 host = Host("/")

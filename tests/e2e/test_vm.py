@@ -652,7 +652,17 @@ def test_kill_mid_apply(lane: Lane) -> None:
         "SIGKILL after the 6th write at start: systemd restarts it; journal adopted; stop restores",
     ) as ph:
         # GPUTUNED_FAILPOINT for one start only: ExecStartPre (outside the sandbox) moves the
-        # armed file to the one EnvironmentFile= reads, so the restart runs without it.
+        # armed file to the one EnvironmentFile= reads, so the restart runs without it. The
+        # shipped daemon has no crash points: the armed start also gets PYTHONPATH with a
+        # sitecustomize that gives its kernel one (tests/failpoint.py, tests/faults.py).
+        site = f"{GUEST_DIR}/failpoint"
+        for src, dest in (
+            (HERE / "failpoint_site.py", f"{site}/sitecustomize.py"),
+            (REPO / "tests/__init__.py", f"{site}/tests/__init__.py"),
+            (REPO / "tests/faults.py", f"{site}/tests/faults.py"),
+            (REPO / "tests/failpoint.py", f"{site}/tests/failpoint.py"),
+        ):
+            m.put(dest, src.read_bytes())
         dropin = (
             "[Service]\n"
             f"ExecStartPre=+/bin/sh -c 'rm -f {FAILPOINT_DIR}/fire.env; "
@@ -660,7 +670,8 @@ def test_kill_mid_apply(lane: Lane) -> None:
             f"EnvironmentFile=-{FAILPOINT_DIR}/fire.env\n"
         )
         m.put(f"/etc/systemd/system/{UNIT}.d/failpoint.conf", dropin.encode())
-        m.put(f"{FAILPOINT_DIR}/armed.env", b"GPUTUNED_FAILPOINT=kill-after-write:6\n")
+        armed = f"GPUTUNED_FAILPOINT=kill-after-write:6\nPYTHONPATH={site}\n"
+        m.put(f"{FAILPOINT_DIR}/armed.env", armed.encode())
         sh(m, f"systemctl daemon-reload && systemctl start --no-block {UNIT}")
 
         def restarted() -> Any:

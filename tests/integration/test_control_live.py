@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import gputuned
-from gputuned.host import Host
-from gputuned.host.control import ControlServer
+from gputuned.service.control import ControlServer
+from tests.faults import live_kernel
 from tests.unit.test_control import Loop, echo
 from tests.users import python_for, system_user
 
@@ -38,9 +38,9 @@ SOCK = f"{RUN_DIR}/control.sock"
 # then the same through gputuned's own client.
 CLIENT = r"""
 import json, socket, sys
-from gputuned.host import Host
-from gputuned.host.control import daemon_running, request
-out = {"running": daemon_running(Host(), sys.argv[1])}
+from gputuned.service.control import daemon_running, request
+from gputuned.kernel.live import LiveKernel
+out = {"running": daemon_running(LiveKernel(), sys.argv[1])}
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(10)
 try:
@@ -64,7 +64,7 @@ else:
     except TimeoutError:
         out["closed"] = False
 try:
-    out["request"] = request(Host(), {"cmd": "whoami"}, path=sys.argv[1], timeout=10)
+    out["request"] = request(LiveKernel(), {"cmd": "whoami"}, path=sys.argv[1], timeout=10)
 except Exception as exc:
     out["request_error"] = [type(exc).__name__, str(exc)]
 print(json.dumps(out))
@@ -121,7 +121,7 @@ def user() -> Iterator[TestUser]:
 
 @contextlib.contextmanager
 def serving(group: str | None = None) -> Iterator[ControlServer]:
-    server = ControlServer(Host(Path("/")), echo, group=group, path=SOCK)
+    server = ControlServer(live_kernel(), echo, group=group, path=SOCK)
     loop = Loop(server)
     try:
         yield server
@@ -131,7 +131,7 @@ def serving(group: str | None = None) -> Iterator[ControlServer]:
 
 
 def test_unprivileged_user_is_refused(user: TestUser, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="gputuned.host.control")
+    caplog.set_level(logging.WARNING, logger="gputuned.service.control")
     with serving():
         assert os.stat(SOCK).st_mode & 0o777 == 0o600
         # The file mode alone keeps the user out; gputuned's client says what to do.

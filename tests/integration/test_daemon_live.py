@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host import Host
-from gputuned.host.proc import read_process
+from gputuned.kernel.proc import read_process
+from tests.faults import live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -86,7 +86,7 @@ def test_daemon_places_new_processes_and_threads(tmp_path: Path) -> None:
         assert w.stdout.readline().strip() == "one"
 
         def placed() -> bool:
-            p = read_process(Host(Path("/")), w.pid)  # type: ignore[union-attr]
+            p = read_process(live_kernel(), w.pid)  # type: ignore[union-attr]
             return all(t.nice == 7 and t.affinity == {1} for t in p.threads)
 
         took = wait_until(placed)
@@ -94,10 +94,10 @@ def test_daemon_places_new_processes_and_threads(tmp_path: Path) -> None:
         w.stdin.write("go\n")
         w.stdin.flush()
         assert w.stdout.readline().strip() == "two"
-        wait_until(lambda: len(read_process(Host(Path("/")), w.pid).threads) == 3 and placed())  # type: ignore[union-attr]
+        wait_until(lambda: len(read_process(live_kernel(), w.pid).threads) == 3 and placed())  # type: ignore[union-attr]
         d.send_signal(signal.SIGTERM)
         assert d.wait(timeout=20) == 0
-        p = read_process(Host(Path("/")), w.pid)
+        p = read_process(live_kernel(), w.pid)
         assert all(t.nice == 0 and len(t.affinity) == os.cpu_count() for t in p.threads), p.threads
     finally:
         if d.poll() is None:

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, read_state, revert_all
 from gputuned.cpulist import parse_cpulist
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.proc import read_process
-from gputuned.host.state import ETC_DIR, JOURNAL
-from gputuned.profile import parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel.proc import read_process
+from gputuned.profile.load import parse_profile
+from gputuned.store.state import ETC_DIR, JOURNAL
+from tests.faults import live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -49,7 +49,7 @@ def live_snapshot(pid: int) -> dict[str, str]:
         if p.exists():
             snap[str(p)] = p.read_text()
     snap["default"] = Path("/proc/irq/default_smp_affinity").read_text()
-    proc = read_process(Host(Path("/")), pid)
+    proc = read_process(live_kernel(), pid)
     for t in proc.threads:
         snap[f"thread {t.tid}"] = f"{t.nice} {t.policy} {sorted(t.affinity)}"
     return snap
@@ -67,7 +67,7 @@ def child() -> Iterator[tuple[int, str]]:
         yield proc.pid, token
     finally:
         if Path(JOURNAL).exists():
-            revert_all(Host(Path("/")))
+            revert_all(live_kernel())
         proc.kill()
         proc.wait()
         if not etc_existed:
@@ -95,10 +95,10 @@ def test_apply_verify_revert_on_the_real_kernel(child: tuple[int, str]) -> None:
     pid, token = child
     before = live_snapshot(pid)
     prof = parse_profile(profile_for(token), "it")
-    host = Host(Path("/"))
+    host = live_kernel()
     _plan, report = apply_profile(host, prof)
     assert report.failed == [], report.failed
-    proc = read_process(Host(Path("/")), pid)
+    proc = read_process(live_kernel(), pid)
     assert len(proc.threads) == 4
     for t in proc.threads:
         assert (t.nice, t.policy, t.affinity) == (5, "batch", frozenset({1})), t
@@ -110,18 +110,21 @@ def test_apply_verify_revert_on_the_real_kernel(child: tuple[int, str]) -> None:
     unmovable = [v for v in report.not_possible.values() if v["target"].startswith("irq ")]
     for v in unmovable:
         assert v["reason"].startswith("unmovable (E")
-    rep = verify_plan(plan_profile(Host(Path("/")), prof), read_state(Host(Path("/"))))
+    rep = verify_plan(plan_profile(live_kernel(), prof), read_state(live_kernel()))
     assert rep.count("drifted") == 0, [ln for ln in rep.lines if ln.status == "drifted"]
     assert rep.exit_code == 0
-    rev = revert_all(Host(Path("/")))
+    rev = revert_all(live_kernel())
     assert rev.failed == []
     assert live_snapshot(pid) == before
     assert not Path(JOURNAL).exists()
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """gputunectl; with GPUTUNED_FAILPOINT, through the test entry point (tests/failpoint.py)."""
+    entry = ["tests.failpoint"] if "GPUTUNED_FAILPOINT" in (env or {}) else []
     return subprocess.run(
-        [sys.executable, "-m", "gputuned.cli", *args],
+        [sys.executable, "-m", *entry, "gputuned.cli", *args],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, read_state, revert_all
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.mounts import MOUNTINFO, parse_line
-from gputuned.host.state import ACTIVE, JOURNAL, STATE, HostLock
-from gputuned.host.system import read_cgroup_layout
-from gputuned.profile import parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel.mounts import MOUNTINFO, parse_line
+from gputuned.kernel.system import read_cgroup_layout
+from gputuned.profile.load import parse_profile
+from gputuned.store.state import ACTIVE, JOURNAL, STATE, HostLock
+from tests.faults import FaultKernel, live_kernel
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -44,9 +44,9 @@ def cgroup2_line(point: str) -> str:
 
 
 @pytest.fixture
-def locked_host() -> Iterator[Host]:
+def locked_host() -> Iterator[FaultKernel]:
     """The live host, its lock held, with no other profile's journal on it."""
-    host = Host(Path("/"))
+    host = live_kernel()
     deadline = time.monotonic() + WAIT_S
     while True:
         lock = HostLock(host)
@@ -83,7 +83,7 @@ def saved_state() -> Iterator[None]:
 
 
 def test_favordynmods_apply_verify_revert_on_the_real_mount(
-    locked_host: Host, saved_state: None
+    locked_host: FaultKernel, saved_state: None
 ) -> None:
     host = locked_host
     point = read_cgroup_layout(host).v2_mount
@@ -124,7 +124,7 @@ def test_favordynmods_apply_verify_revert_on_the_real_mount(
         assert cgroup2_line(point) == before
 
 
-def test_an_unknown_option_is_refused_and_changes_nothing(locked_host: Host) -> None:
+def test_an_unknown_option_is_refused_and_changes_nothing(locked_host: FaultKernel) -> None:
     """EINVAL from the kernel's option parser (fs_parse()) comes before any change."""
     host = locked_host
     point = read_cgroup_layout(host).v2_mount

@@ -17,9 +17,10 @@ import pytest
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.host import Host, procctl
-from gputuned.host.proc import ProcInfo, read_process
-from gputuned.host.treekernel import TreeKernel
+from gputuned.kernel import tasks as procctl
+from gputuned.kernel.proc import ProcInfo, read_process
+from gputuned.sim.model import TreeModel
+from tests.faults import FaultKernel, live_kernel, tree_kernel
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def sched(info: ProcInfo) -> dict[int, tuple[int, str, int, frozenset[int]]]:
 
 
 def test_nice_affinity_policy_on_every_thread_and_back(child: int) -> None:
-    host = Host(Path("/"))
+    host = live_kernel()
     before = read_process(host, child)
     assert len(before.threads) == 4
     original = sched(before)
@@ -72,7 +73,7 @@ def test_nice_affinity_policy_on_every_thread_and_back(child: int) -> None:
 
 
 def test_fifo_applies_or_is_refused_with_the_reason(child: int) -> None:
-    host = Host(Path("/"))
+    host = live_kernel()
     try:
         host.set_scheduler(child, "fifo", 1)
     except errors.PermissionDenied as exc:
@@ -88,7 +89,7 @@ def test_fifo_applies_or_is_refused_with_the_reason(child: int) -> None:
 
 
 def test_gone_thread_and_bad_affinity(child: int) -> None:
-    host = Host(Path("/"))
+    host = live_kernel()
     with pytest.raises(errors.TargetGone):
         host.set_nice(2**22 + 1, 0)  # above pid_max's ceiling: no such thread
     with pytest.raises(errors.InvalidValue, match="allowed by the cpuset"):
@@ -97,8 +98,8 @@ def test_gone_thread_and_bad_affinity(child: int) -> None:
 
 
 def test_move_to_a_new_cgroup_and_back(child: int) -> None:
-    host = Host(Path("/"))
-    mounts = TreeKernel(Path("/")).cgroup2_mounts()
+    host = live_kernel()
+    mounts = TreeModel(Path("/")).cgroup2_mounts()
     if not mounts:
         pytest.skip("no cgroup v2 mount on this machine")
     mount = mounts[0]
@@ -126,7 +127,7 @@ CG_FILES = (
 SHOWN = ("cpuset.cpus.partition", "cpuset.cpus.effective", "cpuset.cpus.exclusive.effective")
 
 
-def mirror(live: Host, dest: Path, mount: str) -> Host:
+def mirror(live: FaultKernel, dest: Path, mount: str) -> FaultKernel:
     """A tree of this machine's cgroup v2 top level: what the model needs to decide validity."""
     for name in ("online", "possible"):
         f = dest / "sys/devices/system/cpu" / name
@@ -143,15 +144,15 @@ def mirror(live: Host, dest: Path, mount: str) -> Host:
             if text is not None:
                 raw = live.read_text(f"{d}/{name}")
                 (out / name).write_text("1\n" if name == "cgroup.procs" and raw.strip() else raw)
-    return Host(dest)
+    return tree_kernel(dest)
 
 
 def test_tree_model_matches_this_kernel_for_partitions(tmp_path: Path) -> None:
     """Run one sequence of cgroup writes on the kernel and on a mirror tree; compare read-back."""
     if os.geteuid() != 0:
         pytest.skip("root is required: it makes cgroups and cpuset partitions")
-    live = Host(Path("/"))
-    mounts = TreeKernel(Path("/")).cgroup2_mounts()
+    live = live_kernel()
+    mounts = TreeModel(Path("/")).cgroup2_mounts()
     if not mounts or "cpuset" not in live.read_text(f"{mounts[0]}/cgroup.subtree_control").split():
         pytest.skip("needs cgroup v2 with cpuset enabled at the root (not the CI machine kind)")
     mount = mounts[0]

@@ -34,11 +34,11 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host import Host
-from gputuned.host.proc import read_process
-from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.kernel.proc import read_process
+from gputuned.profile.load import load_profile
+from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon
 
 pytestmark = pytest.mark.usefixtures("as_root")
@@ -138,7 +138,7 @@ def threads(pids: list[int]) -> Threads:
     """Every thread's (nice, CPUs), per process."""
     out: Threads = {}
     for pid in pids:
-        p = read_process(Host(Path("/")), pid)
+        p = read_process(live_kernel(), pid)
         out[pid] = {t.tid: (t.nice, t.affinity) for t in p.threads}
     return out
 
@@ -159,16 +159,16 @@ def wait_until(what: str, pred: Callable[[], bool], timeout: float = 20.0) -> No
 def setup(tmp_path: Path) -> Iterator[dict[str, Any]]:
     if os.cpu_count() is None or (os.cpu_count() or 0) < 2:
         pytest.skip("needs 2 CPUs or more: the rule pins the tree to CPU 1")
-    if len(Journal(Host(Path("/")))):
+    if len(Journal(live_kernel())):
         pytest.fail("a profile is applied on this machine (journal not empty): not touched")
     token = f"gputuned-tree-{uuid.uuid4().hex[:8]}"
     script = tmp_path / f"{token}.py"
     script.write_text(TREE)
-    me = read_process(Host(Path("/")), os.getpid())
+    me = read_process(live_kernel(), os.getpid())
     main = next(t for t in me.threads if t.tid == os.getpid())
     yield {"token": token, "script": script, "tmp": tmp_path, "own": (main.nice, main.affinity)}
-    if len(Journal(Host(Path("/")))):
-        revert_all(Host(Path("/")))  # a failed test leaves nothing applied
+    if len(Journal(live_kernel())):
+        revert_all(live_kernel())  # a failed test leaves nothing applied
 
 
 def profile(tmp: Path, token: str, *, exclude_tracker: bool = False) -> Path:
@@ -214,7 +214,7 @@ def test_daemon_first_the_whole_spawned_tree_is_placed_and_put_back(setup: dict[
             got = tree.send("spawn")
             kids = [got["engine"], got["worker"]]
             wait_until("engine and worker placed, every thread", placed([tree.pids["api"], *kids]))
-            assert read_process(Host(Path("/")), got["engine"]).comm == "TREE::Engine"
+            assert read_process(live_kernel(), got["engine"]).comm == "TREE::Engine"
             # The tracker is left out (exclude.cmdline): it gets the API server's originals.
             wait_until(
                 "the resource tracker given its originals back",
@@ -227,7 +227,7 @@ def test_daemon_first_the_whole_spawned_tree_is_placed_and_put_back(setup: dict[
                 assert set(per.values()) == {setup["own"]}, (pid, per)
         finally:
             tree.kill()
-    assert len(Journal(Host(Path("/")))) == 0
+    assert len(Journal(live_kernel())) == 0
 
 
 def test_tree_first_then_the_daemon(setup: dict[str, Any]) -> None:
@@ -252,7 +252,7 @@ def test_tree_first_then_a_one_shot_apply_and_a_late_child(setup: dict[str, Any]
         pids = [tree.pids["api"], got["engine"], got["worker"], got["tracker"]]
         before = threads(pids)
         plan, report = apply_profile(
-            Host(Path("/")), load_profile(profile(setup["tmp"], setup["token"]))
+            live_kernel(), load_profile(profile(setup["tmp"], setup["token"]))
         )
         assert report.failed == []
         assert placed(pids)()
@@ -260,7 +260,7 @@ def test_tree_first_then_a_one_shot_apply_and_a_late_child(setup: dict[str, Any]
         # Started after the one-shot apply: no daemon places it, fork passed the placement on.
         late = tree.send("late")["late"]
         assert placed([late])()
-        rep = revert_all(Host(Path("/")))
+        rep = revert_all(live_kernel())
         assert rep.failed == [], rep.failed
         assert threads(pids) == before
         assert set(threads([late])[late].values()) == {setup["own"]}

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from gputuned.host import Host
-from gputuned.host import procwatch as pw
-from gputuned.host.proc import list_pids
-from gputuned.host.procwatch import ProcEvent, ProcWatcher
+from gputuned.kernel.proc import list_pids
+from gputuned.service import procwatch as pw
+from gputuned.service import procwire as wire
+from gputuned.service.procwatch import ProcEvent, ProcWatcher
+from tests.faults import live_kernel
 
 pytestmark = pytest.mark.integration
 
@@ -139,13 +140,15 @@ def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     stamped: dict[int, float] = {}
     parse = pw.parse_datagram
 
-    def keep(data: memoryview) -> list[pw.ConnectorEvent]:
+    def keep(data: memoryview) -> list[wire.ConnectorEvent]:
         evs = parse(data)
-        stamped.update((e.tgid, e.timestamp_ns / 1e9) for e in evs if e.what == pw.PROC_EVENT_EXEC)
+        stamped.update(
+            (e.tgid, e.timestamp_ns / 1e9) for e in evs if e.what == wire.PROC_EVENT_EXEC
+        )
         return evs
 
     monkeypatch.setattr(pw, "parse_datagram", keep)
-    w = pw.open_watcher(Host())
+    w = pw.open_watcher(live_kernel())
     try:
         assert isinstance(w, pw.NetlinkWatcher), "this machine kind allows the connector as root"
         runs = [run_child(w) for _ in range(5)]  # a few runs for a steadier figure
@@ -174,7 +177,7 @@ def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_polling_alone_within_one_interval() -> None:
     interval = 0.1
-    w = pw.PollingWatcher(Host(), interval=interval)
+    w = pw.PollingWatcher(live_kernel(), interval=interval)
     scans = []
     for _ in range(10):
         w.scan()
@@ -185,7 +188,7 @@ def test_polling_alone_within_one_interval() -> None:
     # it printed its exit time.
     delays = check_events(r, within=interval + max(scans) + 0.05)
     print(
-        f"\npolling every {interval} s: one scan of /proc ({len(list_pids(Host()))} processes) "
+        f"\npolling every {interval} s: one scan of /proc ({len(list_pids(live_kernel()))} processes) "
         f"takes {scan * 1e3:.2f} ms (max {max(scans) * 1e3:.2f}); exec seen "
         f"{delays['exec'] * 1e3:.0f} ms after Popen, threads {delays['threads'] * 1e3:.0f} ms, "
         f"exit {delays['exit'] * 1e3:.0f} ms"
@@ -200,7 +203,7 @@ def test_refused_connector_falls_back_to_polling(
 
     monkeypatch.setattr(pw.socket, "socket", refuse)
     with caplog.at_level(logging.WARNING, logger=pw.__name__):
-        w = pw.open_watcher(Host(), poll_interval=0.25)
+        w = pw.open_watcher(live_kernel(), poll_interval=0.25)
     assert (w.mode, w.fileno()) == ("polling", -1)
     assert isinstance(w, pw.PollingWatcher) and w.interval == 0.25
     [rec] = caplog.records

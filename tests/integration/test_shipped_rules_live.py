@@ -32,13 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.control import request
-from gputuned.host.proc import read_process, read_uids
-from gputuned.host.system import read_cgroup_layout
-from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.proc import read_process, read_uids
+from gputuned.kernel.system import read_cgroup_layout
+from gputuned.profile.load import load_profile
+from gputuned.service.control import request
+from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon
 from tests.users import python_for, system_user
 
@@ -142,14 +142,14 @@ def settle(pid: int, want_comm: str = "python3") -> None:
     """Wait until ``pid`` runs Python (setpriv and bash exec into it)."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if read_process(Host(Path("/")), pid, threads=False).comm == want_comm:
+        if read_process(live_kernel(), pid, threads=False).comm == want_comm:
             return
         time.sleep(0.02)
     raise AssertionError(f"pid {pid} did not become {want_comm}")
 
 
 def boosted(pid: int) -> bool:
-    p = read_process(Host(Path("/")), pid)
+    p = read_process(live_kernel(), pid)
     return any(t.nice < 0 or t.affinity == frozenset({1}) for t in p.threads)
 
 
@@ -180,9 +180,9 @@ def live_preconditions() -> str:
     cannot run here."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 CPUs: the rules place on CPU 1")
-    if len(Journal(Host(Path("/")))):
+    if len(Journal(live_kernel())):
         pytest.fail("a profile is applied on this machine (journal not empty): not touched")
-    mount = read_cgroup_layout(Host(Path("/"))).v2_mount
+    mount = read_cgroup_layout(live_kernel()).v2_mount
     if mount is None:
         pytest.skip("no cgroup v2 hierarchy to make the units' cgroup paths in")
     return mount
@@ -211,19 +211,19 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
             server = procs.start([attacker.python, script], cgroup=in_unit)  # root's
             for pid in (a_script, a_exec, a_unit, server):
                 settle(pid)
-            cmd = read_process(Host(Path("/")), a_exec, threads=False).cmdline
+            cmd = read_process(live_kernel(), a_exec, threads=False).cmdline
             assert re.match(r"python3 vllm ", cmd), cmd
-            assert read_process(Host(Path("/")), a_unit, threads=False).cgroup == user_unit
+            assert read_process(live_kernel(), a_unit, threads=False).cgroup == user_unit
             deadline = time.monotonic() + 20
             while not boosted(server):
                 assert time.monotonic() < deadline, "the server in its system unit not placed"
                 time.sleep(0.02)
-            status = request(Host(Path("/")), {"cmd": "status"})
+            status = request(live_kernel(), {"cmd": "status"})
             assert status["placed"] == [server], status["placed"]
             for pid in (a_script, a_exec, a_unit):
                 assert not boosted(pid), pid
             # A full plan agrees: the server by its system unit, none of the user's processes.
-            plan = plan_profile(Host(Path("/")), load_profile(prof), allow_blocked=True)
+            plan = plan_profile(live_kernel(), load_profile(prof), allow_blocked=True)
             by_rules = {c.data["pid"] for c in plan.settings if c.tuner == "process"}
             assert by_rules == {server}, by_rules
             # The positive control: the same rules naming root's account place root's process
@@ -231,7 +231,7 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
             ctl = load_profile(shipped_rules_profile(tmp_path / "ctl.toml", user="root"))
             got = {
                 c.data["pid"]
-                for c in plan_profile(Host(Path("/")), ctl, allow_blocked=True).settings
+                for c in plan_profile(live_kernel(), ctl, allow_blocked=True).settings
                 if c.tuner == "process"
             }
             assert server in got and not got & {a_script, a_exec, a_unit}, got
@@ -240,7 +240,7 @@ def test_shipped_rules_give_an_unprivileged_users_processes_nothing(
             assert not boosted(server)
         finally:
             procs.kill()
-    assert len(Journal(Host(Path("/")))) == 0
+    assert len(Journal(live_kernel())) == 0
 
 
 #: Run as the user: renames itself back and forth between what vLLM's setproctitle shows and
@@ -274,7 +274,7 @@ SPOOFS = (
 def gains(pid: int) -> list[str]:
     """What the process has that a local user cannot give themselves, or that the rules give
     (CPU 1 alone, the partition); [] when nothing."""
-    p = read_process(Host(Path("/")), pid)
+    p = read_process(live_kernel(), pid)
     out = []
     for t in p.threads:
         if t.nice < 0:
@@ -289,12 +289,12 @@ def gains(pid: int) -> list[str]:
 
 
 def users_processes(uid: int) -> list[int]:
-    host = Host(Path("/"))
+    kernel = live_kernel()
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             with contextlib.suppress(Exception):
-                if read_uids(host, int(d.name))[0] == uid:
+                if read_uids(kernel, int(d.name))[0] == uid:
                     out.append(int(d.name))
     return out
 
@@ -352,14 +352,14 @@ def test_no_shipped_profile_gives_a_local_user_anything(
                 pattern = load_profile(prof).process[0].match.cmdline
                 assert pattern is not None
                 for pid in [*early, *late, renamer.pid]:
-                    cmd = read_process(Host(Path("/")), pid, threads=False).cmdline
+                    cmd = read_process(live_kernel(), pid, threads=False).cmdline
                     assert re.search(pattern, cmd), cmd
                 theirs = users_processes(uid)
                 assert len(theirs) >= len(early) + len(late) + 2, theirs
                 got = {pid: g for pid in theirs if (g := gains(pid))}
                 assert got == {}, got
-                assert request(Host(Path("/")), {"cmd": "status"})["placed"] == [server]
-                plan = plan_profile(Host(Path("/")), load_profile(prof), allow_blocked=True)
+                assert request(live_kernel(), {"cmd": "status"})["placed"] == [server]
+                plan = plan_profile(live_kernel(), load_profile(prof), allow_blocked=True)
                 claimed = {c.data["pid"] for c in plan.settings if c.tuner == "process"}
                 assert not claimed & set(theirs), claimed
                 # The control: the same rules naming the user's account claim their spoofs
@@ -367,7 +367,7 @@ def test_no_shipped_profile_gives_a_local_user_anything(
                 ctl = load_profile(profile_rules(name, tmp_path / "ctl.toml", user=USER))
                 by_control = {
                     c.data["pid"]
-                    for c in plan_profile(Host(Path("/")), ctl, allow_blocked=True).settings
+                    for c in plan_profile(live_kernel(), ctl, allow_blocked=True).settings
                     if c.tuner == "process"
                 }
                 assert set(early) <= by_control, (early, by_control)
@@ -376,7 +376,7 @@ def test_no_shipped_profile_gives_a_local_user_anything(
         finally:
             procs.kill()
             kill_users_processes(uid)  # the renamer's child: started here, by PID
-    assert len(Journal(Host(Path("/")))) == 0
+    assert len(Journal(live_kernel())) == 0
 
 
 def kill_users_processes(uid: int) -> None:

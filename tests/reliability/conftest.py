@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.actions import holds
-from gputuned.host import Host
-from gputuned.journal import Journal
+from gputuned.engine.journal import Journal
+from gputuned.settings.registry import holds
+from tests.faults import tree_kernel
 from tests.localuser import LocalUser, NoUser, local_user
 from tests.unit.test_apply import digest
 
@@ -50,7 +50,7 @@ def journal_only_names_values_in_place(root: Path) -> list[str]:
     After a rollback whose "drop" records could not be written (a full /run), entries stay in
     the file; they are harmless exactly when the host already holds their old value.
     """
-    host = Host(root)
+    host = tree_kernel(root)
     bad = []
     for e in Journal(host).entries():
         try:
@@ -81,9 +81,13 @@ def subprocess_env() -> dict[str, str]:
 def run_module(
     module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """``python3 -m MODULE ARGS`` from the checkout, with ``env`` added to this environment."""
+    """``python3 -m MODULE ARGS`` from the checkout, with ``env`` added to this environment.
+
+    With ``GPUTUNED_FAILPOINT`` in ``env``, through the test entry point that gives the
+    module's kernels that crash point (tests/failpoint.py)."""
+    entry = ["tests.failpoint"] if "GPUTUNED_FAILPOINT" in (env or {}) else []
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, "-m", *entry, module, *args],
         capture_output=True,
         text=True,
         env=subprocess_env() | (env or {}),
@@ -148,7 +152,7 @@ def daemon(
     """A real gputuned on ``root``, ready when its control socket answers a status (the socket
     is there before the start's apply, its requests are answered after); SIGTERM at the end
     must make it exit 0. ``log``: its stderr goes there (a pipe fills up under many requests)."""
-    from gputuned.host.control import daemon_running, request
+    from gputuned.service.control import daemon_running, request
 
     out = log.open("w") if log is not None else None
     d = subprocess.Popen(
@@ -161,12 +165,12 @@ def daemon(
     )
     try:
         deadline = time.monotonic() + 30
-        while not daemon_running(Host(root)):
+        while not daemon_running(tree_kernel(root)):
             err = log.read_text() if log is not None else ""
             assert d.poll() is None, err[-800:] or d.communicate()[1][-800:]
             assert time.monotonic() < deadline, "daemon not ready"
             time.sleep(0.02)
-        request(Host(root), {"cmd": "status"}, timeout=30)
+        request(tree_kernel(root), {"cmd": "status"}, timeout=30)
         yield d
         stop_daemon(d)
     finally:

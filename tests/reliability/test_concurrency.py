@@ -29,13 +29,12 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host import Host
-from gputuned.host.control import daemon_running, request
-from gputuned.host.fs import WriteRecord
-from gputuned.host.state import JOURNAL, HostLock
-from gputuned.journal import Journal
-from gputuned.profile import load_profile
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.profile.load import load_profile
+from gputuned.service.control import daemon_running, request
+from gputuned.store.state import JOURNAL, HostLock
+from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.reliability.conftest import (
     REPO,
     cli,
@@ -71,7 +70,7 @@ def journal_problems(root: Path) -> list[str]:
             live.add(key)
         else:
             live.discard(rec["key"])
-    Journal(Host(root))  # and the engine folds it
+    Journal(tree_kernel(root))  # and the engine folds it
     return bad
 
 
@@ -84,21 +83,21 @@ def write_log() -> Iterator[list[tuple[int, str]]]:
     another split (seen once in 15 runs under load).
     """
     log: list[tuple[int, str]] = []
-    real = Host._wrote
+    real = FaultKernel._wrote
     lock = threading.Lock()
     serials = itertools.count()
 
-    def wrote(self: Host, rec: WriteRecord) -> None:
+    def wrote(self: FaultKernel, rec: WriteRecord) -> None:
         with lock:
             serial = self.__dict__.setdefault("_test_write_serial", next(serials))
             log.append((serial, rec.path))
         real(self, rec)
 
-    Host._wrote = wrote  # type: ignore[method-assign]
+    FaultKernel._wrote = wrote  # type: ignore[method-assign]
     try:
         yield log
     finally:
-        Host._wrote = real  # type: ignore[method-assign]
+        FaultKernel._wrote = real  # type: ignore[method-assign]
 
 
 def interleaved(log: list[tuple[int, str]]) -> list[int]:
@@ -174,13 +173,13 @@ def test_two_applies_at_once(tmp_path: Path, terminal: list[str]) -> None:
     profile = full_profile()
 
     def apply_a() -> None:
-        apply_profile(Host(root), profile)
+        apply_profile(tree_kernel(root), profile)
 
     def apply_b() -> None:
-        apply_profile(Host(root), profile)
+        apply_profile(tree_kernel(root), profile)
 
     def revert() -> None:
-        revert_all(Host(root))
+        revert_all(tree_kernel(root))
 
     with write_log() as log:
         # Rounds where the lock holder waits for the others to be refused (a collision every
@@ -193,7 +192,7 @@ def test_two_applies_at_once(tmp_path: Path, terminal: list[str]) -> None:
     rounds = [held[i : i + 3] for i in range(0, len(held), 3)]
     assert all(sorted(o for _, o in r) == ["busy", "busy", "ok"] for r in rounds), held
     assert all(o in ("ok", "busy") for _, o in free)
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
     busy = sum(o == "busy" for _, o in held + free)
     terminal.append(
@@ -208,7 +207,7 @@ def test_cli_apply_refused_while_locked_and_cli_races(tmp_path: Path, terminal: 
     before = digest(root)
     prof = tmp_path / "shared-host.toml"
     shutil.copy(PROFILES / "shared-host.toml", prof)
-    with HostLock(Host(root)):
+    with HostLock(tree_kernel(root)):
         held = cli("apply", "--root", str(root), str(prof))
     assert held.returncode == 3
     assert f"{BUSY} (PID {os.getpid()})" in " ".join(held.stderr.split())
@@ -289,7 +288,9 @@ def test_sighup_storm_during_start_apply_and_reloads(tmp_path: Path, terminal: l
         # The storm starts as soon as the start apply writes its first journal entry.
         wait_for(lambda: (root / JOURNAL.lstrip("/")).exists() or d.poll() is not None, "journal")
         hup_storm(d.pid, 50)
-        wait_for(lambda: daemon_running(Host(root)) or d.poll() is not None, "control socket")
+        wait_for(
+            lambda: daemon_running(tree_kernel(root)) or d.poll() is not None, "control socket"
+        )
         assert d.poll() is None, (
             f"daemon died in the storm: {d.returncode} {d.communicate()[1][-800:]}"
         )
@@ -298,7 +299,7 @@ def test_sighup_storm_during_start_apply_and_reloads(tmp_path: Path, terminal: l
         hup_storm(d.pid, 50, lambda i: prof.write_text(six if i % 2 == 0 else four))
         prof.write_text(six)
         os.kill(d.pid, signal.SIGHUP)
-        host = Host(root)
+        host = tree_kernel(root)
 
         def settled() -> bool:
             st = request(host, {"cmd": "status"})
@@ -315,7 +316,7 @@ def test_sighup_storm_during_start_apply_and_reloads(tmp_path: Path, terminal: l
         assert journal_problems(root) == []
         # The daemon holds the host lock for its life: a one-shot apply is refused.
         with pytest.raises(errors.Busy, match=f"PID {d.pid}"):
-            apply_profile(Host(root), load_profile(prof))
+            apply_profile(tree_kernel(root), load_profile(prof))
         # Two control-socket applies at once: the daemon's single loop serialises them.
         data = load_profile(prof).model_dump(mode="json", by_alias=True, exclude_none=True)
         with ThreadPoolExecutor(2) as pool:

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host import Host
-from gputuned.host.control import daemon_running, request
-from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.profile.load import load_profile
+from gputuned.service.control import daemon_running, request
+from gputuned.store.state import JOURNAL
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
+from tests.faults import tree_kernel
 from tests.reliability.conftest import REPO, cli, diff_keys, subprocess_env
 from tests.unit.test_apply import PROFILES, SERVER_PID, SERVER_UID, SERVER_USER, digest
 
@@ -97,9 +97,9 @@ class Gauntlet:
     def counts(self) -> tuple[int, int]:
         """(writes of a full apply, writes of its revert), counted in-process on a copy."""
         root = self.fresh()
-        host = Host(root)
+        host = tree_kernel(root)
         apply_profile(host, load_profile(self.profile))
-        rev = Host(root)
+        rev = tree_kernel(root)
         revert_all(rev)
         assert digest(root) == self.before
         return len(host.writes), len(rev.writes)
@@ -119,20 +119,22 @@ class Gauntlet:
         killed = run.returncode == -signal.SIGKILL
         if not killed and run.returncode != 0:
             return Outcome(p, False, False, f"apply rc {run.returncode}: {run.stderr[-300:]}")
-        rev = revert_all(Host(root))  # what `gputunectl revert` runs, from the journal on disk
+        rev = revert_all(
+            tree_kernel(root)
+        )  # what `gputunectl revert` runs, from the journal on disk
         ok, why = self.check(root)
         return Outcome(p, killed, ok and not rev.failed, why or str(rev.failed))
 
     def cli_revert(self, p: Point) -> Outcome:
         root = self.fresh()
-        apply_profile(Host(root), load_profile(self.profile), source=str(self.profile))
+        apply_profile(tree_kernel(root), load_profile(self.profile), source=str(self.profile))
         fp = {"GPUTUNED_FAILPOINT": f"kill-{p.when}-write:{p.n}"}
         run = cli("revert", "--root", str(root), env=fp)
         killed = run.returncode == -signal.SIGKILL
         if not killed and run.returncode != 0:
             return Outcome(p, False, False, f"revert rc {run.returncode}: {run.stderr[-300:]}")
         if killed:
-            rev = revert_all(Host(root))
+            rev = revert_all(tree_kernel(root))
             if rev.failed:
                 return Outcome(p, True, False, f"second revert failed: {rev.failed}")
         ok, why = self.check(root)
@@ -143,18 +145,13 @@ class Gauntlet:
     def daemon(self, root: Path, failpoint: str | None) -> subprocess.Popen[str]:
         env = subprocess_env()
         env.pop("NOTIFY_SOCKET", None)
+        # With a crash point, through the test entry point that gives its kernel one.
+        module = ["-m", "gputuned.daemon"]
         if failpoint:
             env["GPUTUNED_FAILPOINT"] = failpoint
+            module = ["-m", "tests.failpoint", "gputuned.daemon"]
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gputuned.daemon",
-                "--root",
-                str(root),
-                "--profile",
-                str(self.profile),
-            ],
+            [sys.executable, *module, "--root", str(root), "--profile", str(self.profile)],
             env=env,
             cwd=REPO,
             stdout=subprocess.DEVNULL,
@@ -166,7 +163,7 @@ class Gauntlet:
     def wait_ready(proc: subprocess.Popen[str], root: Path, timeout: float = 30) -> bool:
         """True once the daemon answers a status (the socket is there before the start apply,
         its first answer after it); False if the daemon exits first."""
-        host = Host(root)
+        host = tree_kernel(root)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:

@@ -2,7 +2,7 @@
 
 Each row copies a tree, plans the widest profile (every tuner writing, tests/unit/test_apply.py
 ``full_profile``), and then, after plan and before the first write, injects one fault: a
-``Host.inject`` errno on one path, a write the kernel drops (``op="drop"``), or a change another
+``FaultKernel.inject`` errno on one path, a write the kernel drops (``op="drop"``), or a change another
 actor makes to the tree (a device or IRQ disappears, a process exits, a PID is reused, a
 neighbour cgroup claims the CPUs); a few outside changes are made before plan instead, where
 plan must see them. Then ``apply`` runs. The proof, by tree digest:
@@ -35,18 +35,20 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import apply as apply_mod
 from gputuned import errors
-from gputuned.actions import Op, expand
-from gputuned.apply import ApplyError, ApplyReport, apply_profile, read_state, revert_all
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import Host
-from gputuned.host.pci import ASPM_POLICY
-from gputuned.host.state import JOURNAL
-from gputuned.profile import Profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine import apply as apply_mod
+from gputuned.engine.apply import ApplyError, ApplyReport, apply_profile, read_state, revert_all
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel.pci import ASPM_POLICY
+from gputuned.profile.load import parse_profile
+from gputuned.profile.model import Profile
+from gputuned.settings.base import Op
+from gputuned.settings.registry import expand
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, remove_process
+from tests.faults import FaultKernel, live_kernel, tree_kernel
 from tests.reliability.conftest import (
     diff_keys,
     fingerprint,
@@ -61,7 +63,7 @@ Outside = Callable[[Path], None]
 class Ctx:
     """What a fault hook sees: the Host apply uses, its tree, and the plan just made."""
 
-    host: Host
+    host: FaultKernel
     root: Path
     plan: PlanResult
 
@@ -165,7 +167,7 @@ def remove_device(c: Ctx) -> tuple[str, Outside | None]:
     dev = c.host.resolve(c.first(is_pcie).path).rsplit("/", 1)[0]
 
     def outside(root: Path) -> None:
-        shutil.rmtree(Host(root).path(dev))
+        shutil.rmtree(tree_kernel(root).path(dev))
 
     outside(c.root)
     return f"rm -r {dev}", outside
@@ -175,7 +177,7 @@ def remove_irq(c: Ctx) -> tuple[str, Outside | None]:
     irq_dir = c.first(is_gpu_irq).path.rsplit("/", 1)[0]
 
     def outside(root: Path) -> None:
-        shutil.rmtree(Host(root).path(irq_dir))
+        shutil.rmtree(tree_kernel(root).path(irq_dir))
 
     outside(c.root)
     return f"rm -r {irq_dir} (vector freed)", outside
@@ -199,7 +201,7 @@ def _sibling_cpus(c: Ctx, cpus: str) -> tuple[str, Outside | None]:
     mount = c.first(is_cgroup).path.rsplit("/", 1)[0]
 
     def outside(root: Path) -> None:
-        h = Host(root)
+        h = tree_kernel(root)
         h.mkdir(f"{mount}/neighbour")
         h.write_text(f"{mount}/neighbour/cpuset.cpus", cpus)
 
@@ -214,7 +216,7 @@ def sibling_partition(c: Ctx) -> tuple[str, Outside | None]:
     mount = c.first(is_cgroup).path.rsplit("/", 1)[0]
 
     def outside(root: Path) -> None:
-        h = Host(root)
+        h = tree_kernel(root)
         h.mkdir(f"{mount}/neighbour")
         h.write_text(f"{mount}/neighbour/cpuset.cpus", cpus)
         h.write_text(f"{mount}/neighbour/cpuset.cpus.exclusive", cpus)
@@ -264,7 +266,7 @@ def journal_full(c: Ctx) -> tuple[str, Outside | None]:
 
 
 def journal_fsync(c: Ctx) -> tuple[str, Outside | None]:
-    return f"fsync({JOURNAL}) after the 10th append: EIO", None
+    return f"fsync({JOURNAL}) after the 5th append: EIO", None
 
 
 E = errno
@@ -361,7 +363,7 @@ CASES: tuple[Case, ...] = (
 
 @contextlib.contextmanager
 def fault_after_plan(
-    host: Host,
+    host: FaultKernel,
     root: Path,
     hook: Hook,
     got: list[tuple[str, Outside | None]],
@@ -372,9 +374,9 @@ def fault_after_plan(
     ``before``, right before that plan (the hook reads values from a plan of its own)."""
     real = apply_mod.plan_profile  # type: ignore[attr-defined]
 
-    def planned(h: Host, profile: Profile, **kw: object) -> PlanResult:
+    def planned(h: FaultKernel, profile: Profile, **kw: object) -> PlanResult:
         if before and h is host and not got:
-            got.append(hook(Ctx(host, root, real(Host(root), profile, **kw))))  # type: ignore[arg-type]
+            got.append(hook(Ctx(host, root, real(tree_kernel(root), profile, **kw))))  # type: ignore[arg-type]
         plan = real(h, profile, **kw)  # type: ignore[arg-type]
         if h is host and not got:
             got.append(hook(Ctx(host, root, plan)))
@@ -436,13 +438,13 @@ def run_case(case: Case, work: Path, profile: Profile) -> Row:
     row = Row(case)
     root = tree_copy(case.tree, work / "tree")
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     got: list[tuple[str, Outside | None]] = []
     with contextlib.ExitStack() as stack:
         if case.needs == "tmpfs":
             stack.enter_context(journal_on_tmpfs(root))
         if case.needs == "fsync":
-            stack.enter_context(fsync_fails_after(10))
+            stack.enter_context(fsync_fails_after(5))
         stack.enter_context(fault_after_plan(host, root, case.hook, got, before=case.before_plan))
         report: ApplyReport | None = None
         try:
@@ -514,7 +516,7 @@ def prove_applied(
     problems: list[str],
 ) -> str:
     """Everything applied is in place, everything else is reported, and revert is exact."""
-    ver = verify_plan(plan_profile(Host(root), profile), read_state(Host(root)))
+    ver = verify_plan(plan_profile(tree_kernel(root), profile), read_state(tree_kernel(root)))
     if ver.count("drifted"):
         problems.append(f"verify: {[ln.target for ln in ver.lines if ln.status == 'drifted']}")
     done = {w["target"] for w in report.written} | {s["target"] for s in report.skipped}
@@ -525,7 +527,7 @@ def prove_applied(
         if missing:
             problems.append(f"planned but neither written nor reported: {missing}")
     applied = fingerprint(digest(root))
-    rev = revert_all(Host(root))
+    rev = revert_all(tree_kernel(root))
     after = digest(root)
     if rev.failed or after != base:
         problems.append(f"revert not exact: {rev.failed} {diff_keys(base, after)[:5]}")
@@ -675,7 +677,7 @@ def test_fault_matrix_real_kernel(tmp_path: Path, terminal: list[str]) -> None:
     ) -> Row:
         case = Case(tuner, fault, "this machine", expect, hook)
         row = Row(case)
-        host = Host(Path("/"))
+        host = live_kernel()
         before = live_state(pids())
         got: list[tuple[str, Outside | None]] = []
         profile = live_profile(token)
@@ -684,7 +686,7 @@ def test_fault_matrix_real_kernel(tmp_path: Path, terminal: list[str]) -> None:
                 _plan, report = apply_profile(host, profile)
             row.end = "fully applied"
             row.said = said_for(report)
-            ver = verify_plan(plan_profile(Host(Path("/")), profile), read_state(Host(Path("/"))))
+            ver = verify_plan(plan_profile(live_kernel(), profile), read_state(live_kernel()))
             if ver.count("drifted"):
                 row.problems.append(
                     f"drifted: {[ln.target for ln in ver.lines if ln.status == 'drifted']}"
@@ -693,7 +695,7 @@ def test_fault_matrix_real_kernel(tmp_path: Path, terminal: list[str]) -> None:
             row.end = "fully reverted"
             row.said = str(exc).split("\n")[0]
         finally:
-            rev = revert_all(Host(Path("/")))
+            rev = revert_all(live_kernel())
         row.where = got[0][0] if got else "(hook never ran)"
         after = live_state(pids())
         # Threads and processes that exited are gone from "after"; everything else is compared.

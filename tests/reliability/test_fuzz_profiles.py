@@ -15,11 +15,11 @@ For each document, written to a file:
   key missing from a table that exists; only a document that is not TOML (or not UTF-8) gets a
   problem without a key;
 - an invalid document goes through ``gputunectl apply --root TREE FILE`` (in-process): exit 4,
-  and not one write, mkdir or thread operation reaches the Host (counted at ``Host._check_fault``,
+  and not one write, mkdir or thread operation reaches the Host (counted at ``FaultKernel._check_fault``,
   which every mutation passes), and the tree stays byte-identical.
 
 The control socket of a real daemon process gets malformed requests (one of them, 60,000
-nested "[", crashed the daemon with a RecursionError before gputuned/host/control.py caught
+nested "[", crashed the daemon with a RecursionError before gputuned/service/control.py caught
 it), random byte lines, an oversized line, a client that never reads its answers, more clients
 than the limit, and clients that stall or trickle: the daemon answers, drops whom it must, and
 keeps serving status to everyone else.
@@ -50,11 +50,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gputuned import cli
+import gputuned.root
+from gputuned.cli import main as cli
 from gputuned.errors import GputunedError, ProfileError
-from gputuned.host import Host
-from gputuned.host.control import daemon_running, request
-from gputuned.profile import key_path, load_profile
+from gputuned.kernel import Kernel
+from gputuned.profile.load import load_profile
+from gputuned.profile.messages import key_path
+from gputuned.service.control import daemon_running, request
+from tests.faults import FaultKernel, tree_kernel
 from tests.reliability.conftest import REPO, reap_daemon, stop_daemon, subprocess_env
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
@@ -349,6 +352,15 @@ def make_profile(c: Chooser) -> dict[str, Any]:
         if mode in ("isolated", "root") and c.flip():
             rule["move_to_partition"] = True
             rule["spread_threads"] = mode == "isolated" and c.flip()
+        # A rule that grants something and matches only by what every user chooses (exe,
+        # comm, cmdline, uses_gpu) is refused unless it names who may have it (issue 14):
+        # name the server's account, or allow any user, in most such rules.
+        if key not in ("unit", "cgroup"):
+            who = c.pick(["user", "any_user", "any_user", "neither"])
+            if who == "user":
+                rule["match"]["user"] = "vllm"
+            elif who == "any_user":
+                rule["any_user"] = True
         rules.append(rule)
     if rules:
         doc["process"] = rules
@@ -493,18 +505,28 @@ def key_problems(doc: dict[str, Any] | None, exc: ProfileError) -> list[str]:
 def count_mutations() -> Iterator[list[str]]:
     """Every write, mkdir, rmdir and thread operation any Host attempts (even refused ones)."""
     seen: list[str] = []
-    real = Host._check_fault
+    real = FaultKernel._check_fault
 
-    def check(self: Host, op: str, hpath: str) -> None:
+    def check(self: FaultKernel, op: str, hpath: str) -> None:
         if op != "read":
             seen.append(f"{op} {hpath}")
         real(self, op, hpath)
 
-    Host._check_fault = check  # type: ignore[method-assign]
+    FaultKernel._check_fault = check  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        Host._check_fault = real  # type: ignore[method-assign]
+        FaultKernel._check_fault = real  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def patched(obj: object, name: str, value: object) -> Iterator[None]:
+    real = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, real)
 
 
 def test_generated_values_are_fresh_objects() -> None:
@@ -532,7 +554,7 @@ def test_generated_values_are_fresh_objects() -> None:
     )
 
 
-def test_fuzz_profiles(tmp_path: Path, terminal: list[str]) -> None:
+def test_fuzz_profiles(tmp_path: Path, terminal: list[str], fault_kernels: None) -> None:
     tree = tree_copy("h200-captured", tmp_path)
     before = digest(tree)
     doc_file = tmp_path / "fuzz.toml"
@@ -541,6 +563,16 @@ def test_fuzz_profiles(tmp_path: Path, terminal: list[str]) -> None:
     # gputunectl apply, as cli.main runs it (parser built once; main only adds logging setup
     # and the printing of the error).
     apply_args = cli.build_parser().parse_args(["apply", "--root", str(tree), str(doc_file)])
+    # The kernels the command opens are the tests' (fault_kernels), whose mutations are
+    # counted: every apply opens one, or the count would see nothing.
+    opened = [0]
+    wrapped = gputuned.root.open_kernel
+
+    def open_kernel(root: Path) -> Kernel:
+        opened[0] += 1
+        kernel = wrapped(root)
+        assert isinstance(kernel, FaultKernel)
+        return kernel
 
     def check(raw: bytes, doc: dict[str, Any] | None) -> None:
         doc_file.write_bytes(raw)
@@ -549,7 +581,7 @@ def test_fuzz_profiles(tmp_path: Path, terminal: list[str]) -> None:
         except ProfileError as exc:
             counts["invalid"] += 1
             failures.extend(key_problems(doc, exc))
-            with count_mutations() as seen:
+            with count_mutations() as seen, patched(gputuned.root, "open_kernel", open_kernel):
                 try:
                     rc = apply_args.func(apply_args)
                 except GputunedError as err:
@@ -605,6 +637,7 @@ def test_fuzz_profiles(tmp_path: Path, terminal: list[str]) -> None:
     assert not failures, "\n".join(failures[:20])
     assert total >= EXAMPLES
     assert counts["valid"] >= total // 10 and counts["invalid"] >= total // 10
+    assert opened[0] == counts["invalid"], "every rejected apply counted on a kernel of its own"
     assert digest(tree) == before and not (tree / "run/gputuned").exists()
 
 
@@ -694,7 +727,7 @@ def _garbage_run(work: Path, terminal: list[str]) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    host = Host(root)
+    host = tree_kernel(root)
     path = str(root / "run/gputuned/control.sock")
 
     def connect() -> socket.socket:

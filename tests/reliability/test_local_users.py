@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host.control import MAX_CLIENTS, PER_USER, request
-from gputuned.host.userfiles import write_user_file_atomic
-from gputuned.profile import load_profile
+from gputuned.profile.load import load_profile
+from gputuned.service.control import MAX_CLIENTS, PER_USER, request
+from gputuned.store.userfiles import write_user_file_atomic
+from tests.faults import tree_kernel
 from tests.localuser import LocalUser
 from tests.reliability.conftest import REPO, USER, daemon, subprocess_env
 from tests.unit.test_apply import PROFILES, digest
@@ -123,7 +123,7 @@ def test_1_garbage_from_a_member_never_ends_the_daemon(
     answers = send(user, sock, *bad)
     assert len(answers) == len(bad) and all(a["v"] == 1 for a in answers)
     assert d.poll() is None, "the daemon is alive"
-    assert request(Host(root), {"cmd": "status"})["active_profile"] == "shared-host"
+    assert request(tree_kernel(root), {"cmd": "status"})["active_profile"] == "shared-host"
     assert digest(root) == tuned
 
 
@@ -150,7 +150,7 @@ def test_7_a_member_may_read_but_not_change_the_host(
     for a in answers[3:]:
         assert a["ok"] is False and "changes the host; only root may send it" in a["error"], a
     assert digest(root) == tuned, "nothing the member sent changed the host"
-    st = request(Host(root), {"cmd": "status"})
+    st = request(tree_kernel(root), {"cmd": "status"})
     assert st["active_profile"] == "shared-host" and st["registered"] == {}
 
 
@@ -203,7 +203,7 @@ def test_16_a_members_idle_connections_leave_root_its_slots(
         assert seen["held"] == PER_USER, seen
         assert all("too many clients" in r for r in seen["refused"])
         for _ in range(5):  # while the member holds every slot it may have
-            assert request(Host(root), {"cmd": "status"}, timeout=5)["ok"] is True
+            assert request(tree_kernel(root), {"cmd": "status"}, timeout=5)["ok"] is True
     finally:
         holder.kill()
         holder.wait()

@@ -28,15 +28,15 @@ import pytest
 
 import gputuned
 from gputuned import errors
-from gputuned.apply import apply_profile, read_state, revert_all
-from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.errors import ProfileError
-from gputuned.host import Host
-from gputuned.host.control import request
-from gputuned.host.state import ACTIVE, JOURNAL, STATE
-from gputuned.profile import load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import request
+from gputuned.store.state import ACTIVE, JOURNAL, STATE
+from tests.faults import tree_kernel
 from tests.localuser import LocalUser
 from tests.reliability.conftest import USER, cli, daemon
 from tests.unit.test_apply import PROFILES, SERVER_PID, digest, tree_copy
@@ -98,7 +98,7 @@ def test_daemon_socket_refuses_unprivileged_peer(user: LocalUser, open_tree: Pat
         denied = "permission denied: gputuned's control socket is for root"
         assert out["line"] == {"v": 1, "ok": False, "error": denied}, out
         assert out["closed"] is True
-        st = request(Host(root), {"cmd": "status"})  # and root is still served
+        st = request(tree_kernel(root), {"cmd": "status"})  # and root is still served
         assert st["ok"] and st["daemon"]["pid"] == d.pid
     _, err = d.communicate()
     assert f"uid {user.uid}" in err and "refused" in err, err[-1500:]
@@ -157,16 +157,16 @@ def test_state_files_writable_by_others_are_refused(
 
 def test_journal_that_is_a_link_is_refused(tmp_path: Path) -> None:
     root = tree_copy("degraded-link", tmp_path)
-    apply_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+    apply_profile(tree_kernel(root), load_profile(PROFILES / "shared-host.toml"))
     journal = root / JOURNAL.lstrip("/")
     elsewhere = tmp_path / "elsewhere.jsonl"
     journal.rename(elsewhere)
     journal.symlink_to(elsewhere)
     with pytest.raises(errors.PermissionDenied, match="is a link"):
-        revert_all(Host(root))
+        revert_all(tree_kernel(root))
     journal.unlink()
     elsewhere.rename(journal)
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
 
 
 # -- profiles ---------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_daemon_reload_of_a_profile_made_world_writable_keeps_the_old_one(tmp_pa
     before = digest(root)
     prof = tmp_path / "p.toml"
     shutil.copy(PROFILES / "shared-host.toml", prof)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     try:
         prof.write_text(prof.read_text().replace("count = 8", "count = 6"))
@@ -283,7 +283,7 @@ def test_no_shell_in_the_package(terminal: list[str]) -> None:
                 bad.append(f"{where}: subprocess.{name[1]} with a string command")
         if (
             isinstance(f, ast.Name)
-            and f.id == "run_tool"  # host/sysinstall.py's wrapper
+            and f.id == "run_tool"  # kernel/sysinstall.py's wrapper
             and (not call.args or not isinstance(call.args[0], ast.List | ast.Name))
         ):
             bad.append(f"{where}: run_tool without an argument list")
@@ -329,13 +329,15 @@ def test_profile_text_is_only_data(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         },
         "evil",
     )
-    plan, report = apply_profile(Host(root), profile)
+    plan, report = apply_profile(tree_kernel(root), profile)
     assert report.failed == [] and any("4242" in w["target"] for w in report.written)
-    assert verify_plan(plan_profile(Host(root), profile), read_state(Host(root))).exit_code in (
+    assert verify_plan(
+        plan_profile(tree_kernel(root), profile), read_state(tree_kernel(root))
+    ).exit_code in (
         0,
         2,
     )
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
     assert not marker.exists() and spawned == []
     assert SERVER_PID and plan.profile.startswith("evil")

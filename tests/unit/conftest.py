@@ -1,8 +1,8 @@
 """Unit tests run against trees only: any escape to the real machine fails the test loudly.
 
 An audit hook (PEP 578) sees every ``open``, ``os.listdir`` and ``os.scandir`` in the process,
-including those inside third-party code, so a forgotten ``Host`` cannot hide behind a helper, and
-``gputuned.host.mount``, which gputuned raises before its one ``mount(2)`` call (a remount).
+including those inside third-party code, so a forgotten kernel port cannot hide behind a helper, and
+``gputuned.kernel.mount``, which gputuned raises before its one ``mount(2)`` call (a remount).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _path_of(arg: Any) -> str | None:
 
 
 def _hook(event: str, args: tuple[Any, ...]) -> None:
-    if _active and event == "gputuned.host.mount":
+    if _active and event == "gputuned.kernel.mount":
         _escapes.append(f"mount(2) {args}")
         raise RuntimeError(f"unit test escaped to the real host: mount(2) {args}")
     if not _active or event not in ("open", "os.listdir", "os.scandir") or not args:
@@ -44,7 +44,7 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         if (p == pre or p.startswith(pre + "/")) and not p.startswith(ALLOWED):
             _escapes.append(f"{event} {p}")
             raise RuntimeError(
-                f"unit test escaped to the real host: {event} {p}; go through Host(tree)"
+                f"unit test escaped to the real host: {event} {p}; go through tree_kernel(tree)"
             )
 
 
@@ -71,24 +71,23 @@ Events = list[tuple[str, str]]
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[Events]:
     """Notifications and host writes, in the order they happened."""
-    from gputuned.host import Host
-    from gputuned.host.fs import WriteRecord
-    from gputuned.host.notify import Notifier
+    from gputuned.service.notify import Notifier
+    from tests.faults import FaultKernel, WriteRecord
 
     log: Events = []
     real_send = Notifier.send
-    real_wrote = Host._wrote
+    real_wrote = FaultKernel._wrote
 
     def send(self: Notifier, *fields: str) -> None:
         log.append(("notify", fields[0]))
         real_send(self, *fields)
 
-    def wrote(self: Host, rec: WriteRecord) -> None:
+    def wrote(self: FaultKernel, rec: WriteRecord) -> None:
         log.append(("write", rec.path))
         real_wrote(self, rec)
 
     monkeypatch.setattr(Notifier, "send", send)
-    monkeypatch.setattr(Host, "_wrote", wrote)
+    monkeypatch.setattr(FaultKernel, "_wrote", wrote)
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     monkeypatch.delenv("WATCHDOG_USEC", raising=False)
     yield log

@@ -11,18 +11,19 @@ from typing import Any
 
 import pytest
 
-from gputuned import apply as apply_mod
 from gputuned import errors
-from gputuned.actions import expand
-from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.state import JOURNAL, HostLock
-from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine import apply as apply_mod
+from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
+from gputuned.settings.registry import expand, placement_kinds
+from gputuned.store.state import JOURNAL, HostLock
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.fakeproc import add_process, add_user, remove_process
+from tests.faults import FaultKernel, tree_kernel
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 SERVER_PID = 4242
@@ -105,19 +106,19 @@ def full_profile(**over: Any) -> Profile:
 def test_round_trip_is_byte_identical(tree: str, tmp_path: Path) -> None:
     root = tree_copy(tree, tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     _plan, report = apply_profile(host, full_profile())
     assert report.failed == []
     assert report.written, "the full profile changes something on every tree"
     assert len(host.writes) >= len(report.written)
     assert digest(root) != before
-    assert Journal(Host(root)).entries(), "every write is journaled"
+    assert Journal(tree_kernel(root)).entries(), "every write is journaled"
 
-    again = Host(root)
+    again = tree_kernel(root)
     _plan2, report2 = apply_profile(again, full_profile())
     assert report2.written == [] and again.writes == [], "re-applying writes nothing"
 
-    rev = revert_all(Host(root))
+    rev = revert_all(tree_kernel(root))
     assert rev.failed == []
     assert digest(root) == before
     assert not (root / JOURNAL.lstrip("/")).exists()
@@ -125,7 +126,7 @@ def test_round_trip_is_byte_identical(tree: str, tmp_path: Path) -> None:
 
 def test_apply_h200_places_everything_and_verifies(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     plan, report = apply_profile(host, load_profile(PROFILES / "shared-host.toml"))
     assert report.failed == []
     # IRQs 31 and 33 are unmovable on that host (EPERM recorded at capture): refused in plan.
@@ -144,7 +145,7 @@ def test_apply_h200_places_everything_and_verifies(tmp_path: Path) -> None:
         stat = (root / f"proc/{SERVER_PID}/task/{tid}/stat").read_text()
         assert stat.rpartition(")")[2].split()[19 - 3] == "-10"
     prof = load_profile(PROFILES / "shared-host.toml")
-    result = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    result = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert result.exit_code == 0
     assert result.count("drifted") == 0 and result.count("passed") > 10
     assert result.count("report only") == 0  # MRRS already 4096, policy refused
@@ -153,16 +154,18 @@ def test_apply_h200_places_everything_and_verifies(tmp_path: Path) -> None:
 def test_verify_reports_drift_and_strict(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     prof = load_profile(PROFILES / "shared-host.toml")
-    apply_profile(Host(root), prof)
+    apply_profile(tree_kernel(root), prof)
     (root / "proc/irq/45/smp_affinity_list").write_text("0-15\n")  # irqbalance moved it back
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     drifted = [ln for ln in rep.lines if ln.status == "drifted"]
     assert [(ln.target, ln.live, ln.wanted) for ln in drifted] == [("irq 45 (nvidia)", "0-15", "4")]
     assert rep.exit_code == 1
     (root / "proc/irq/45/smp_affinity_list").write_text("4\n")
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert rep.exit_code == 0 and rep.count("not possible here") >= 3
-    strict = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)), strict=True)
+    strict = verify_plan(
+        plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)), strict=True
+    )
     assert strict.exit_code == 1
     text = rep.prometheus()
     assert 'gputuned_settings{profile="shared-host",status="drifted"} 0' in text
@@ -172,8 +175,8 @@ def test_verify_reports_drift_and_strict(tmp_path: Path) -> None:
 def test_verify_pending_reboot_exit_2(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     prof = load_profile(PROFILES / "latency-critical.toml")
-    apply_profile(Host(root), prof)
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    apply_profile(tree_kernel(root), prof)
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert rep.count("drifted") == 0
     assert rep.count("pending reboot") == 4
     assert rep.exit_code == 2
@@ -181,7 +184,7 @@ def test_verify_pending_reboot_exit_2(tmp_path: Path) -> None:
         (root / "proc/cmdline").read_text().strip()
         + " nohz_full=2-15 rcu_nocbs=2-15 irqaffinity=0-1 pcie_aspm.policy=performance\n"
     )
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert rep.exit_code == 0
 
 
@@ -197,10 +200,10 @@ def test_switching_profiles_writes_only_the_difference(tmp_path: Path) -> None:
         },
         pcie_aspm=None,
     )
-    apply_profile(Host(root), a)
+    apply_profile(tree_kernel(root), a)
     mid = digest(root)
-    host = Host(root)
-    plan_b = plan_profile(Host(root), b)
+    host = tree_kernel(root)
+    plan_b = plan_profile(tree_kernel(root), b)
     _, report = apply_profile(host, b)
     changed = {k for k in digest(root) if digest(root)[k] != mid.get(k)}
     # IRQ 42 -> CPU 1 and IRQ 43 -> CPU 2 are the same under both profiles: never touched.
@@ -213,14 +216,14 @@ def test_switching_profiles_writes_only_the_difference(tmp_path: Path) -> None:
     b_targets = {op.target for c in plan_b.changes for op in expand(c)}
     assert report.written and {w["target"] for w in report.written} <= b_targets
     assert report.restored == []
-    revert_all(Host(root))
+    revert_all(tree_kernel(root))
     assert digest(root) == before
 
 
 def test_failure_mid_apply_rolls_back(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/150/smp_affinity_list", "write", errno.EBUSY)
     with pytest.raises(ApplyError) as info:
         apply_profile(host, full_profile())
@@ -228,30 +231,32 @@ def test_failure_mid_apply_rolls_back(tmp_path: Path) -> None:
     assert "irq 150" in msg and "busy (EBUSY)" in msg and "were reverted" in msg
     assert info.value.report.rolled_back
     assert digest(root) == before
-    assert Journal(Host(root)).entries() == []
+    assert Journal(tree_kernel(root)).entries() == []
 
 
 def test_keep_going_continues_and_revert_restores(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/150/smp_affinity_list", "write", errno.EBUSY)
     _, report = apply_profile(host, full_profile(), keep_going=True)
     assert [f["target"] for f in report.failed] == ["irq 150 (nvidia)"]
     assert len(report.written) > 20
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
 def test_unmovable_irq_on_live_style_eio_is_not_possible(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/121/smp_affinity_list", "write", errno.EIO)  # kernel-managed
     _, report = apply_profile(host, full_profile())
     assert report.failed == []
     (np,) = [v for v in report.not_possible.values() if v["target"].startswith("irq 121")]
     assert np["reason"].startswith("unmovable (EIO)")
-    rep = verify_plan(plan_profile(Host(root), full_profile()), read_state(Host(root)))
+    rep = verify_plan(
+        plan_profile(tree_kernel(root), full_profile()), read_state(tree_kernel(root))
+    )
     line = next(ln for ln in rep.lines if ln.target.startswith("irq 121"))
     assert line.status == "not possible here" and rep.exit_code == 0
 
@@ -262,10 +267,10 @@ def test_read_error_on_irq_affinity_is_a_failure_not_an_unmovable_irq(
     """Only a refused write means "unmovable"; the kernel gives no read error for it."""
     root = tree_copy("dual-socket-8gpu", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     real = apply_mod.plan_profile  # type: ignore[attr-defined]
 
-    def plan_then_fault(h: Host, profile: Profile, **kw: Any) -> Any:
+    def plan_then_fault(h: FaultKernel, profile: Profile, **kw: Any) -> Any:
         plan = real(h, profile, **kw)
         h.inject("/proc/irq/121/smp_affinity_list", "read", errno.EIO)  # after plan read it
         return plan
@@ -281,14 +286,14 @@ def test_read_error_on_irq_affinity_is_a_failure_not_an_unmovable_irq(
 
 def test_enospc_on_irq_affinity_names_interrupt_vectors(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/150/smp_affinity_list", "write", errno.ENOSPC)
     with pytest.raises(ApplyError) as info:
         apply_profile(host, full_profile())
     msg = str(info.value)
     assert "no space left (ENOSPC); no free interrupt vector on the target CPUs" in msg, msg
     assert "filesystem" not in msg
-    other = Host(root)
+    other = tree_kernel(root)
     other.inject("/sys/fs/cgroup/x", "mkdir", errno.ENOSPC)
     with pytest.raises(errors.NoSpace, match="free space on that filesystem"):
         other.mkdir("/sys/fs/cgroup/x")
@@ -297,16 +302,16 @@ def test_enospc_on_irq_affinity_names_interrupt_vectors(tmp_path: Path) -> None:
 def test_second_apply_is_refused_while_one_runs(tmp_path: Path) -> None:
     root = tree_copy("ci-vm", tmp_path, server=False)
     with (
-        HostLock(Host(root)),
+        HostLock(tree_kernel(root)),
         pytest.raises(errors.Busy, match="another gputuned apply or revert is running"),
     ):
-        apply_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+        apply_profile(tree_kernel(root), load_profile(PROFILES / "shared-host.toml"))
 
 
 def test_exited_process_is_dropped_quietly_and_reused_pid_untouched(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    apply_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+    apply_profile(tree_kernel(root), load_profile(PROFILES / "shared-host.toml"))
     # The server's PID now belongs to a different process (new start time): revert must not
     # touch it; its journal entries are dropped.
     remove_process(root, SERVER_PID)
@@ -320,7 +325,7 @@ def test_exited_process_is_dropped_quietly_and_reused_pid_untouched(tmp_path: Pa
         nice=3,
     )
     reused = digest(root)
-    rev = revert_all(Host(root))
+    rev = revert_all(tree_kernel(root))
     assert rev.failed == []
     after = digest(root)
     assert {k: v for k, v in after.items() if k.startswith(f"proc/{SERVER_PID}")} == {
@@ -334,36 +339,36 @@ def test_exited_process_is_dropped_quietly_and_reused_pid_untouched(tmp_path: Pa
 def test_stale_journal_is_replayed_by_revert(tmp_path: Path) -> None:
     root = tree_copy("degraded-link", tmp_path)
     before = digest(root)
-    apply_profile(Host(root), full_profile())
+    apply_profile(tree_kernel(root), full_profile())
     # A killed process leaves its journal (plus, here, a torn half-line from a crash).
     with (root / JOURNAL.lstrip("/")).open("a") as f:
         f.write('{"v": 1, "op": "sa')
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
 def test_status_and_active_profile_recorded(tmp_path: Path) -> None:
     root = tree_copy("ci-vm", tmp_path, server=False)
     apply_profile(
-        Host(root), load_profile(PROFILES / "shared-host.toml"), source="/x/shared-host.toml"
+        tree_kernel(root), load_profile(PROFILES / "shared-host.toml"), source="/x/shared-host.toml"
     )
     active = json.loads((root / "etc/gputuned/active.json").read_text())
     assert active["source"] == "/x/shared-host.toml" and active["profile"]["name"] == "shared-host"
     assert parse_profile(active["profile"], "copy").name == "shared-host"
-    revert_all(Host(root))
+    revert_all(tree_kernel(root))
     assert not (root / "etc/gputuned/active.json").exists()
 
 
 def test_stable_captures_before_and_after_a_round_trip_are_identical(tmp_path: Path) -> None:
-    from gputuned.host.capture import capture
+    from gputuned.kernel.capture import capture
 
     root = tree_copy("h200-captured", tmp_path)
-    capture(Host(root), tmp_path / "a", stable=True)
-    apply_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+    capture(tree_kernel(root), tmp_path / "a", stable=True)
+    apply_profile(tree_kernel(root), load_profile(PROFILES / "shared-host.toml"))
     mid = tmp_path / "mid"
-    capture(Host(root), mid, stable=True)
-    revert_all(Host(root))
-    capture(Host(root), tmp_path / "b", stable=True)
+    capture(tree_kernel(root), mid, stable=True)
+    revert_all(tree_kernel(root))
+    capture(tree_kernel(root), tmp_path / "b", stable=True)
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
     assert digest(tmp_path / "a") != digest(mid)
     text = (tmp_path / "a/proc/interrupts").read_text()
@@ -373,7 +378,7 @@ def test_stable_captures_before_and_after_a_round_trip_are_identical(tmp_path: P
 
 def test_read_only_proc_irq_is_not_possible_not_a_failure(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/121/smp_affinity_list", "write", errno.EROFS)  # a container's /proc
     _, report = apply_profile(host, full_profile())
     assert report.failed == []
@@ -392,7 +397,7 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
 
     root = tree_copy("h200-captured", tmp_path, server=False)
     prof = load_profile(PROFILES / "shared-host.toml")
-    apply_profile(Host(root), prof)  # the partition 1-8 exists before the server starts
+    apply_profile(tree_kernel(root), prof)  # the partition 1-8 exists before the server starts
     add_process(
         root,
         SERVER_PID,
@@ -405,7 +410,7 @@ def test_affinity_narrowed_by_an_existing_partition_is_restored_as_cgroup_defaul
         uid=SERVER_UID,
     )
     assert not (root / "sys/fs/cgroup/user.slice/user-0.slice/cpuset.cpus.effective").exists()
-    apply_profile(Host(root), prof)
+    apply_profile(tree_kernel(root), prof)
     olds = {
         e["entry"]["key"]: e["entry"]["old"]
         for e in map(_json.loads, (root / JOURNAL.lstrip("/")).read_text().splitlines())
@@ -420,15 +425,15 @@ def test_irq_writes_are_journaled_with_one_fsync(
 ) -> None:
     """A run of IRQ affinity writes is journaled with one append + fsync, not one each; every
     other write still has its own append, before it, and its fsync unless it is a process
-    setting (gputuned/journal.py: those end with the process)."""
-    import gputuned.journal as journal_mod
+    setting (gputuned/engine/journal.py: those end with the process)."""
+    import gputuned.engine.journal as journal_mod
 
     root = tree_copy("dual-socket-8gpu", tmp_path)
     synced: list[int] = []
     unsynced: list[str] = []
     real = journal_mod.append_durable
 
-    def counting(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+    def counting(host: FaultKernel, hpath: str, line: bytes, *, sync: bool = True) -> None:
         if sync:
             synced.append(line.count(b"\n"))
         elif b'"op": "save"' in line:
@@ -436,22 +441,22 @@ def test_irq_writes_are_journaled_with_one_fsync(
         real(host, hpath, line, sync=sync)
 
     monkeypatch.setattr(journal_mod, "append_durable", counting)
-    _, report = apply_profile(Host(root), full_profile())
+    _, report = apply_profile(tree_kernel(root), full_profile())
     irq = [w for w in report.written if w["target"].startswith("irq ")]
     assert len(irq) > 20
     batches = [n for n in synced if n > 1]
     assert len(batches) == 1 and batches[0] >= len(irq)
-    assert unsynced and set(unsynced) <= set(journal_mod.PROCESS_KINDS), unsynced
+    assert unsynced and set(unsynced) <= placement_kinds(), unsynced
     assert len(synced) + len(unsynced) == len(report.written) - batches[0] + 1
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
 
 
 def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: Path) -> None:
     """Mount IDs, device numbers, peer groups and the order of mounts change with every boot
     (the deb lane compares captures across a reboot, issue 19); --stable leaves them out, and
     the tree still works."""
-    from gputuned.host import mounts
-    from gputuned.host.capture import capture
+    from gputuned.kernel import mounts
+    from gputuned.kernel.capture import capture
 
     root = tree_copy("h200-captured", tmp_path)
     info = root / "proc/self/mountinfo"
@@ -459,16 +464,16 @@ def test_stable_captures_ignore_what_a_new_mount_namespace_renumbers(tmp_path: P
     v1 = [f"{n} 30 0:{n} / /sys/fs/cgroup/{c} ro,relatime - cgroup cgroup rw,{c}\n"
           for n, c in ((40, "cpu"), (41, "memory"))]  # fmt: skip
     info.write_text("20 1 0:21 / / rw,relatime - overlay overlay rw\n" + original + "".join(v1))
-    capture(Host(root), tmp_path / "a", stable=True)
+    capture(tree_kernel(root), tmp_path / "a", stable=True)
     info.write_text(
         "61 1 0:33 / / rw,relatime - overlay overlay rw\n"
         + "".join(reversed(v1)).replace("40 30 0:40", "52 31 0:55")
         + original.replace("32 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime -",
                            "57 61 0:31 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 -")
     )  # fmt: skip
-    capture(Host(root), tmp_path / "b", stable=True)
-    capture(Host(root), tmp_path / "c")
+    capture(tree_kernel(root), tmp_path / "b", stable=True)
+    capture(tree_kernel(root), tmp_path / "c")
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
     assert "shared:9" in (tmp_path / "c/proc/self/mountinfo").read_text()  # only --stable drops it
-    m = mounts.find(Host(tmp_path / "b"), "/sys/fs/cgroup", "cgroup2")
+    m = mounts.find(tree_kernel(tmp_path / "b"), "/sys/fs/cgroup", "cgroup2")
     assert m.super_options == "rw,nsdelegate,memory_recursiveprot"

@@ -163,7 +163,7 @@ def test_plain_png_and_figures(tmp_path: Path) -> None:
 def test_isolated_profile_loads(tmp_path: Path) -> None:
     """The benchmarks' profile copy (one rule narrowed to the probe) is a profile gputuned
     takes: its include lies beside it, as gputuned/profile.py demands of includes."""
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     nn = load()
     out = nn.isolated_profile(REPO / "profiles" / "shared-host.toml", tmp_path, r"/probe\.py\b")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli
+from gputuned.cli import main as cli
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
 
@@ -63,7 +63,9 @@ def test_cli_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 3 and "none applied on this host" in err
 
 
-def test_cli_apply_failure_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_apply_failure_exit_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fault_kernels: None
+) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path)
     before = digest(root)
     # The partition cgroup cannot be created: the kernel refuses the mkdir.

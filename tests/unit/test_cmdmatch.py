@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.proc import CMDLINE_BYTES, read_process
-from gputuned.profile import parse_profile
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.proc import CMDLINE_BYTES, read_process
+from gputuned.profile.load import parse_profile
 from gputuned.tuners.cmdmatch import SEARCHES, Searches, check_pattern
 from tests.fakeproc import add_process, remove_process
+from tests.faults import tree_kernel
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, tree_copy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_only_the_first_4_kib_of_a_command_line_are_read(tmp_path: Path) -> None
         root, 6100, comm="python3", cmdline=["python3", "-X", "a" * (1 << 20)],
         exe="/usr/bin/python3.11", start_time=61,
     )  # fmt: skip
-    cmd = read_process(Host(root), 6100, threads=False, brief=True).cmdline
+    cmd = read_process(tree_kernel(root), 6100, threads=False, brief=True).cmdline
     assert cmd.startswith("python3 -X aaa")
     assert len(cmd.encode()) <= CMDLINE_BYTES == 4096
 
@@ -149,7 +149,7 @@ def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path:
         )  # fmt: skip
     prof = parse_profile(profile({"cmdline": AMBIGUOUS}), "t.toml")
     t0 = time.thread_time()
-    plan = plan_profile(Host(root), prof, allow_blocked=True)
+    plan = plan_profile(tree_kernel(root), prof, allow_blocked=True)
     assert time.thread_time() - t0 < 10.0  # two searches of hours each, stopped at 50 ms
     assert not [c for c in plan.settings if c.tuner == "process"]
     notes = [n for n in plan.notes if "suspended" in n]
@@ -159,8 +159,8 @@ def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path:
 def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gputuned.daemon import Daemon
-    from gputuned.host.control import PeerCred
+    from gputuned.daemon.core import Daemon
+    from gputuned.service.control import PeerCred
 
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     root = tree_copy("h200-captured", tmp_path, server=False)
@@ -173,7 +173,7 @@ def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
         'name = "t"\n[[process]]\nname = "srv"\n'
         f"match.user = {SERVER_USER!r}\nmatch.cmdline = {AMBIGUOUS!r}\nnice = -5\n"
     )
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     try:
         notes = d._handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]

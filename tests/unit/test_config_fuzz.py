@@ -61,9 +61,9 @@ def test_a_short_run_passes(capsys: pytest.CaptureFixture[str]) -> None:
 def test_it_fails_when_a_field_goes_unnamed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import gputuned.inspect
+    import gputuned.engine.inspect
 
-    monkeypatch.setattr(gputuned.inspect, "register_findings", lambda dev, topo: [])
+    monkeypatch.setattr(gputuned.engine.inspect, "register_findings", lambda dev, topo: [])
     assert load().main(["--count", "40", "--seed", "7"]) == 1
     out = capsys.readouterr().out
     assert "unreadable field not named: 0" not in out

@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host.control import (
+from gputuned.service.control import (
     CONTROL_SOCKET,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
@@ -38,6 +37,7 @@ from gputuned.host.control import (
     proc_groups,
     request,
 )
+from tests.faults import FaultKernel, tree_kernel
 
 
 def echo(req: dict[str, Any], cred: PeerCred) -> dict[str, Any]:
@@ -122,17 +122,17 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
 
 
 @pytest.fixture
-def host(tmp_path: Path) -> Host:
-    return Host(tmp_path)
+def host(tmp_path: Path) -> FaultKernel:
+    return tree_kernel(tmp_path)
 
 
 @pytest.fixture
-def real(host: Host) -> Path:
+def real(host: FaultKernel) -> Path:
     return host.path(CONTROL_SOCKET)
 
 
 @pytest.fixture
-def served(host: Host) -> Iterator[ControlServer]:
+def served(host: FaultKernel) -> Iterator[ControlServer]:
     server = ControlServer(host, echo)
     loop = Loop(server)
     try:
@@ -156,13 +156,13 @@ def test_several_requests_on_one_connection(served: ControlServer, real: Path) -
     c.close()
 
 
-def test_client_request_round_trip(served: ControlServer, host: Host) -> None:
+def test_client_request_round_trip(served: ControlServer, host: FaultKernel) -> None:
     resp = request(host, {"cmd": "status", "verbose": True})
     assert resp == {"v": 1, "ok": True, "echo": {"v": 1, "cmd": "status", "verbose": True}}
     assert daemon_running(host)
 
 
-def test_handler_sees_the_peer_credentials(served: ControlServer, host: Host) -> None:
+def test_handler_sees_the_peer_credentials(served: ControlServer, host: FaultKernel) -> None:
     resp = request(host, {"cmd": "whoami"})
     assert (resp["pid"], resp["uid"], resp["gid"]) == (os.getpid(), os.geteuid(), os.getegid())
 
@@ -192,7 +192,7 @@ def test_garbage_gets_an_error_and_the_connection_stays_usable(
 
 
 @pytest.mark.parametrize(("v", "shown"), [(2, "2"), (0, "0"), ("1", '"1"'), (True, "true")])
-def test_version_mismatch(served: ControlServer, host: Host, v: object, shown: str) -> None:
+def test_version_mismatch(served: ControlServer, host: FaultKernel, v: object, shown: str) -> None:
     with pytest.raises(errors.GputunedError) as err:
         request(host, {"v": v, "cmd": "status"})
     assert str(err.value) == f"unsupported protocol version {shown}; this daemon speaks 1"
@@ -238,7 +238,9 @@ def test_oversized_line_gets_an_error_and_is_closed(
     wait_for(lambda: served.client_fds() == [], "the client to be dropped")
 
 
-def test_stalled_client_does_not_stop_others(served: ControlServer, host: Host, real: Path) -> None:
+def test_stalled_client_does_not_stop_others(
+    served: ControlServer, host: FaultKernel, real: Path
+) -> None:
     slow = Conn(real)
     slow.send(b'{"v": 1, "cmd": "sta')  # ... and nothing more
     wait_for(lambda: len(served.client_fds()) == 1, "the slow client to be accepted")
@@ -251,7 +253,9 @@ def test_stalled_client_does_not_stop_others(served: ControlServer, host: Host, 
     slow.close()
 
 
-def test_client_stalled_mid_line_is_dropped_after_the_idle_limit(host: Host, real: Path) -> None:
+def test_client_stalled_mid_line_is_dropped_after_the_idle_limit(
+    host: FaultKernel, real: Path
+) -> None:
     with ControlServer(host, echo) as server:
         stalled, idle = Conn(real), Conn(real)
         server.on_readable(server.fileno())
@@ -274,7 +278,7 @@ def test_client_stalled_mid_line_is_dropped_after_the_idle_limit(host: Host, rea
         idle.close()
 
 
-def test_more_than_32_clients(served: ControlServer, host: Host, real: Path) -> None:
+def test_more_than_32_clients(served: ControlServer, host: FaultKernel, real: Path) -> None:
     conns = [Conn(real) for _ in range(MAX_CLIENTS)]
     wait_for(lambda: len(served.client_fds()) == MAX_CLIENTS, "32 clients")
     extra = Conn(real)
@@ -314,7 +318,7 @@ def test_handler_errors_become_error_responses(served: ControlServer, real: Path
     c.close()
 
 
-def test_client_raises_the_daemons_error(served: ControlServer, host: Host) -> None:
+def test_client_raises_the_daemons_error(served: ControlServer, host: FaultKernel) -> None:
     with pytest.raises(errors.GputunedError, match=r"^the engine is busy; retry in a moment$"):
         request(host, {"cmd": "fail"})
 
@@ -322,20 +326,20 @@ def test_client_raises_the_daemons_error(served: ControlServer, host: Host) -> N
 # -- the socket file: start, stale, busy, modes, stop -------------------------------------
 
 
-def test_socket_file_is_root_only(host: Host, real: Path) -> None:
+def test_socket_file_is_root_only(host: FaultKernel, real: Path) -> None:
     with ControlServer(host, echo):
         assert real.stat().st_mode & 0o7777 == 0o600
         assert real.parent.stat().st_mode & 0o7777 == 0o700
 
 
-def test_socket_file_with_a_group(host: Host, real: Path) -> None:
+def test_socket_file_with_a_group(host: FaultKernel, real: Path) -> None:
     with ControlServer(host, echo, group="root"):
         st = real.stat()
         assert (st.st_mode & 0o7777, st.st_gid) == (0o660, 0)
         assert real.parent.stat().st_mode & 0o7777 == 0o711  # searchable, not listable
 
 
-def test_the_directory_gets_its_mode_back_at_close(host: Host, real: Path) -> None:
+def test_the_directory_gets_its_mode_back_at_close(host: FaultKernel, real: Path) -> None:
     """Finding 18: /run/gputuned stayed 0711 after a daemon with a control group stopped."""
     with ControlServer(host, echo, group="root"):
         assert real.parent.stat().st_mode & 0o7777 == 0o711
@@ -343,13 +347,13 @@ def test_the_directory_gets_its_mode_back_at_close(host: Host, real: Path) -> No
     assert not real.exists()
 
 
-def test_unknown_group_is_refused(host: Host, real: Path) -> None:
+def test_unknown_group_is_refused(host: FaultKernel, real: Path) -> None:
     with pytest.raises(errors.InvalidValue, match="group 'no-such-group-xyz' does not exist"):
         ControlServer(host, echo, group="no-such-group-xyz")
     assert not real.exists()
 
 
-def test_stale_socket_file_is_removed(host: Host, real: Path) -> None:
+def test_stale_socket_file_is_removed(host: FaultKernel, real: Path) -> None:
     real.parent.mkdir(parents=True)
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = os.open(real.parent, os.O_PATH | os.O_DIRECTORY)
@@ -371,7 +375,7 @@ def test_stale_socket_file_is_removed(host: Host, real: Path) -> None:
         server.close()
 
 
-def test_live_daemon_is_detected(host: Host, real: Path) -> None:
+def test_live_daemon_is_detected(host: FaultKernel, real: Path) -> None:
     with ControlServer(host, echo) as first:
         with pytest.raises(
             errors.Busy, match=rf"another gputuned daemon is running \(PID {os.getpid()}\)"
@@ -385,7 +389,7 @@ def test_live_daemon_is_detected(host: Host, real: Path) -> None:
             loop.stop()
 
 
-def test_something_else_at_the_path_is_left_alone(host: Host, real: Path) -> None:
+def test_something_else_at_the_path_is_left_alone(host: FaultKernel, real: Path) -> None:
     real.parent.mkdir(parents=True)
     real.write_text("not a socket")
     with pytest.raises(errors.HostError, match="exists and is not a socket"):
@@ -393,7 +397,7 @@ def test_something_else_at_the_path_is_left_alone(host: Host, real: Path) -> Non
     assert real.read_text() == "not a socket"
 
 
-def test_close_removes_the_socket_file(host: Host, real: Path) -> None:
+def test_close_removes_the_socket_file(host: FaultKernel, real: Path) -> None:
     server = ControlServer(host, echo)
     c = Conn(real)
     server.on_readable(server.fileno())
@@ -407,7 +411,7 @@ def test_close_removes_the_socket_file(host: Host, real: Path) -> None:
         request(host, {"cmd": "status"})
 
 
-def test_close_leaves_a_successors_socket(host: Host, real: Path) -> None:
+def test_close_leaves_a_successors_socket(host: FaultKernel, real: Path) -> None:
     old = ControlServer(host, echo)
     real.unlink()  # someone removed it, and a new daemon started
     with ControlServer(host, echo):
@@ -415,7 +419,7 @@ def test_close_leaves_a_successors_socket(host: Host, real: Path) -> None:
         assert real.is_socket()
 
 
-def test_no_daemon_no_directory(host: Host) -> None:
+def test_no_daemon_no_directory(host: FaultKernel) -> None:
     assert not daemon_running(host)
     with pytest.raises(errors.TargetGone) as err:
         request(host, {"cmd": "status"})
@@ -424,8 +428,8 @@ def test_no_daemon_no_directory(host: Host) -> None:
 
 def test_paths_longer_than_sun_path(tmp_path: Path) -> None:
     deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 5)
-    host = Host(deep)
-    assert len(host.real(CONTROL_SOCKET)) > 108
+    host = tree_kernel(deep)
+    assert len(str(host.path(CONTROL_SOCKET))) > 108
     server = ControlServer(host, echo)
     loop = Loop(server)
     try:
@@ -437,7 +441,7 @@ def test_paths_longer_than_sun_path(tmp_path: Path) -> None:
     assert not host.exists(CONTROL_SOCKET)
 
 
-def test_unanswered_request_times_out(host: Host) -> None:
+def test_unanswered_request_times_out(host: FaultKernel) -> None:
     with ControlServer(host, echo):  # listening, but nobody drives it
         t0 = time.monotonic()
         with pytest.raises(errors.HostError, match=r"did not answer within 0\.3 s") as err:
@@ -469,7 +473,7 @@ def test_policy_with_a_group() -> None:
     assert peer_allowed(PeerCred(12, 0, 0), 990, groups)
 
 
-def test_supplementary_groups_are_read_through_the_host(host: Host) -> None:
+def test_supplementary_groups_are_read_through_the_host(host: FaultKernel) -> None:
     status = host.path("/proc/4321/status")
     status.parent.mkdir(parents=True)
     status.write_text(
@@ -506,7 +510,7 @@ def test_no_request_ends_the_server(served: ControlServer, real: Path, line: byt
     c.close()
 
 
-def test_an_idle_connection_is_dropped_after_the_idle_limit(host: Host, real: Path) -> None:
+def test_an_idle_connection_is_dropped_after_the_idle_limit(host: FaultKernel, real: Path) -> None:
     """Finding 16: a connection that never sends was kept for ever; 32 of them locked every
     client out, root included."""
     with ControlServer(host, echo) as server:
@@ -536,7 +540,7 @@ def as_users(uids: list[int]) -> Callable[[socket.socket], PeerCred]:
     return peer_of
 
 
-def member_server(host: Host, uids: list[int], **kw: Any) -> ControlServer:
+def member_server(host: FaultKernel, uids: list[int], **kw: Any) -> ControlServer:
     server = ControlServer(host, echo, group="root", peer_of=as_users(uids), **kw)
     server.access = dataclasses.replace(server.access, control_gid=MEMBER_GID)
     return server
@@ -549,7 +553,7 @@ def accept(server: ControlServer, real: Path, n: int) -> list[Conn]:
     return conns
 
 
-def test_each_user_has_a_cap_and_root_always_has_a_slot(host: Host, real: Path) -> None:
+def test_each_user_has_a_cap_and_root_always_has_a_slot(host: FaultKernel, real: Path) -> None:
     uids = [1000] * 9 + [1001] * 8 + [1002] * 8 + [1003] * 5 + [0] * 4
     with member_server(host, uids) as server:
         conns = accept(server, real, 9)
@@ -566,7 +570,7 @@ def test_each_user_has_a_cap_and_root_always_has_a_slot(host: Host, real: Path) 
             c.close()
 
 
-def test_a_member_may_read_but_not_change(host: Host, real: Path) -> None:
+def test_a_member_may_read_but_not_change(host: FaultKernel, real: Path) -> None:
     with member_server(host, [1000]) as server:
         c = accept(server, real, 1)[0]
         for cmd in ("status", "verify", "top", "apply", "revert", "register", "unregister"):
@@ -583,7 +587,7 @@ def test_a_member_may_read_but_not_change(host: Host, real: Path) -> None:
         c.close()
 
 
-def test_an_admin_group_may_change(host: Host, real: Path) -> None:
+def test_an_admin_group_may_change(host: FaultKernel, real: Path) -> None:
     with member_server(host, [1000], admin_group="root") as server:
         server.access = dataclasses.replace(server.access, admin_gid=MEMBER_GID)
         c = accept(server, real, 1)[0]
@@ -594,7 +598,7 @@ def test_an_admin_group_may_change(host: Host, real: Path) -> None:
         c.close()
 
 
-def test_root_is_answered_before_a_burst_from_another_user(host: Host, real: Path) -> None:
+def test_root_is_answered_before_a_burst_from_another_user(host: FaultKernel, real: Path) -> None:
     with member_server(host, [1000, 0]) as server:
         member, root = accept(server, real, 2)
         member.send(b'{"v": 1, "cmd": "status", "from": "member"}\n' * 500)
@@ -611,7 +615,7 @@ def test_root_is_answered_before_a_burst_from_another_user(host: Host, real: Pat
         root.close()
 
 
-def test_internal_errors_name_no_value_to_other_users(host: Host, real: Path) -> None:
+def test_internal_errors_name_no_value_to_other_users(host: FaultKernel, real: Path) -> None:
     with member_server(host, [1000]) as server:
         c = accept(server, real, 1)[0]
         c.send(b'{"v": 1, "cmd": "crash"}\n')

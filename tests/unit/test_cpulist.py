@@ -89,7 +89,7 @@ def test_a_mask_longer_than_8192_cpus_is_refused() -> None:
 
 def test_a_huge_list_in_a_profile_is_a_profile_error() -> None:
     from gputuned.errors import ProfileError
-    from gputuned.profile import parse_profile
+    from gputuned.profile.load import parse_profile
 
     with pytest.raises(ProfileError, match="past CPU 8191"):
         parse_profile({"name": "x", "cpusets": {"a": {"cpus": "0-99999999"}}}, "t")

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.actions import expand
-from gputuned.apply import apply_profile, revert_all
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.profile.load import load_profile
+from gputuned.settings.registry import expand
+from gputuned.store.state import JOURNAL
+from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, digest, full_profile, tree_copy
 
 CG = "/sys/fs/cgroup"
@@ -27,7 +28,7 @@ SHARED = PROFILES / "shared-host.toml"  # partition 1-8 on h200-captured
 
 def neighbour(root: Path, cpus: str, mode: str = "root", *, exclusive: bool = True) -> None:
     """Another cgroup's partition, made as its owner would (through the tree's kernel)."""
-    h = Host(root)
+    h = tree_kernel(root)
     h.mkdir(NEIGHBOUR)
     h.write_text(f"{NEIGHBOUR}/cpuset.cpus", cpus)
     if exclusive:
@@ -50,7 +51,7 @@ def test_plan_refuses_cpus_another_partition_holds_and_apply_writes_nothing(
     profile = load_profile(SHARED)
 
     with pytest.raises(errors.PlanError) as info:
-        plan_profile(Host(root), profile)
+        plan_profile(tree_kernel(root), profile)
     msg = str(info.value)
     assert msg.startswith("profile 'shared-host' cannot be applied on this host; nothing was")
     assert "CPUs 1-2 of set 'inference' (1-8) are held by another valid partition: " in msg
@@ -60,7 +61,7 @@ def test_plan_refuses_cpus_another_partition_holds_and_apply_writes_nothing(
     assert info.value.exit_code == 4
 
     # Shown, not raised, for plan and verify: the partition's changes and the blocking refusal.
-    shown = plan_profile(Host(root), profile, allow_blocked=True)
+    shown = plan_profile(tree_kernel(root), profile, allow_blocked=True)
     (blocked,) = shown.blocked
     assert (blocked.tuner, blocked.target, blocked.blocking) == (
         "cpuset",
@@ -70,7 +71,7 @@ def test_plan_refuses_cpus_another_partition_holds_and_apply_writes_nothing(
     assert any(c.target == "gputuned.inference cpuset.cpus" for c in shown.changes)
     assert shown.to_json()["blocked"] is True
 
-    host = Host(root)
+    host = tree_kernel(root)
     with pytest.raises(errors.PlanError):
         apply_profile(host, profile)
     assert host.writes == []
@@ -84,24 +85,28 @@ def test_partitions_that_do_not_count(tmp_path: Path) -> None:
     profile = load_profile(SHARED)
     root = tree_copy("h200-captured", tmp_path / "a")
     neighbour(root, "9-10")  # none of 1-8
-    assert plan_profile(Host(root), profile).blocked == []
+    assert plan_profile(tree_kernel(root), profile).blocked == []
 
     root = tree_copy("h200-captured", tmp_path / "b")
     neighbour(root, "1-2")
     (root / NEIGHBOUR.lstrip("/") / "cpuset.cpus.partition").write_text("root invalid\n")
-    assert plan_profile(Host(root), profile).blocked == []  # an invalid partition holds nothing
+    assert (
+        plan_profile(tree_kernel(root), profile).blocked == []
+    )  # an invalid partition holds nothing
 
     root = tree_copy("h200-captured", tmp_path / "c")
-    apply_profile(Host(root), profile)  # ours now holds 1-8: re-planning is not blocked by it
-    assert plan_profile(Host(root), profile).blocked == []
-    assert revert_all(Host(root)).failed == []
+    apply_profile(
+        tree_kernel(root), profile
+    )  # ours now holds 1-8: re-planning is not blocked by it
+    assert plan_profile(tree_kernel(root), profile).blocked == []
+    assert revert_all(tree_kernel(root)).failed == []
 
     root = tree_copy("h200-captured", tmp_path / "d")
     neighbour(root, "3")
     data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["cpuset"]["report_only"] = True
     quiet = type(profile).model_validate(data)
-    plan = plan_profile(Host(root), quiet)
+    plan = plan_profile(tree_kernel(root), quiet)
     (r,) = [r for r in plan.refused if r.tuner == "cpuset"]
     assert not r.blocking and r.reason.startswith("report only: CPUs 3 of set 'inference'")
 
@@ -145,12 +150,12 @@ def test_partition_writes_exclusive_first_and_revert_in_reverse(tmp_path: Path) 
     }
 
     planned = [
-        names[op.path] for ch in plan_profile(Host(root), profile).changes for op in expand(ch)
+        names[op.path] for ch in plan_profile(tree_kernel(root), profile).changes for op in expand(ch)
         if op.path in names
     ]  # fmt: skip
     assert planned == ["exclusive", "cpus", "type"]
 
-    host = Host(root)
+    host = tree_kernel(root)
     apply_profile(host, profile)
     assert [names[w.path] for w in host.writes if w.path in names] == [
         "mkdir",
@@ -158,7 +163,7 @@ def test_partition_writes_exclusive_first_and_revert_in_reverse(tmp_path: Path) 
         "cpus",
         "type",
     ]
-    undo = Host(root)
+    undo = tree_kernel(root)
     assert revert_all(undo).failed == []
     # The partition ends first; the exclusive claim is let go after cpuset.cpus.
     assert [names[w.path] for w in undo.writes if w.path in names] == [

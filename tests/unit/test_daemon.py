@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from gputuned.apply import apply_profile
-from gputuned.daemon import Daemon
-from gputuned.host import Host
-from gputuned.host.fs import WriteRecord
-from gputuned.host.state import JOURNAL
-from gputuned.profile import load_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile
+from gputuned.profile.load import load_profile
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, stat_line, status_text
+from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.unit.conftest import Events
 from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
 
@@ -43,7 +42,7 @@ def index(log: Events, kind: str, what: str) -> int:
 def test_ready_after_apply_and_stopping_before_revert(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     ready = index(events, "notify", "READY=1")
     writes = [i for i, e in enumerate(events) if e[0] == "write"]
@@ -64,7 +63,7 @@ def test_sighup_applies_only_the_difference(tmp_path: Path, events: Events) -> N
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path, count=4)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     events.clear()
     prof.write_text(prof.read_text().replace("count = 4", "count = 6"))
@@ -87,10 +86,10 @@ def test_stale_journal_is_adopted_then_restored(tmp_path: Path, events: Events) 
     before = digest(root)
     # A one-shot apply (or a killed daemon) left its journal and the active profile.
     apply_profile(
-        Host(root), load_profile(profile_file(tmp_path)), source=str(profile_file(tmp_path))
+        tree_kernel(root), load_profile(profile_file(tmp_path)), source=str(profile_file(tmp_path))
     )
     events.clear()
-    d = Daemon(Host(root))
+    d = Daemon(tree_kernel(root))
     d.start()
     assert not [e for e in events if e[0] == "write"], "adopting: the host stays tuned, no writes"
     assert d.profile is not None and d.profile.name == "shared-host"
@@ -101,9 +100,9 @@ def test_stale_journal_is_adopted_then_restored(tmp_path: Path, events: Events) 
 def test_stale_journal_without_profile_is_replayed(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     (root / "etc/gputuned/active.json").unlink()
-    d = Daemon(Host(root))
+    d = Daemon(tree_kernel(root))
     d.start()
     assert digest(root) == before and not (root / JOURNAL.lstrip("/")).exists()
     assert d.status.startswith("idle")
@@ -113,7 +112,7 @@ def test_stale_journal_without_profile_is_replayed(tmp_path: Path, events: Event
 def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.placed == {}
     add_process(
@@ -183,10 +182,10 @@ def test_new_process_and_its_later_threads_are_placed(tmp_path: Path, events: Ev
 
 
 def test_control_commands(tmp_path: Path, events: Events) -> None:
-    from gputuned.host.control import PeerCred, request
+    from gputuned.service.control import PeerCred, request
 
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     peer = PeerCred(1, 0, 0)
     status: dict[str, Any] = d._handle({"cmd": "status"}, peer)
@@ -208,7 +207,7 @@ def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> Non
     root = tree_copy("ci-vm", tmp_path, server=False)
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n[irq]\nspread = "yes"\n')
-    d = Daemon(Host(root), profile_path=bad)
+    d = Daemon(tree_kernel(root), profile_path=bad)
     with pytest.raises(Exception, match=r"irq\.spread"):
         d.start()
     d.lock.__exit__(None, None, None)
@@ -217,7 +216,7 @@ def test_bad_profile_at_start_is_reported(tmp_path: Path, events: Events) -> Non
 
 def test_drift_is_repaired_and_counted(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     events.clear()
     assert not d._drifted(), "every applied setting reads back as applied"
@@ -244,7 +243,7 @@ def test_metrics_port_serves_the_daemon_figures(tmp_path: Path, events: Events) 
     root = tree_copy("h200-captured", tmp_path)
     prof = profile_file(tmp_path)
     prof.write_text(prof.read_text() + f"\n[daemon]\nmetrics_port = {port}\n")
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     assert d.metrics is not None
     got: list[bytes] = []
@@ -272,7 +271,7 @@ def test_metrics_port_serves_the_daemon_figures(tmp_path: Path, events: Events) 
 
 def test_metrics_port_off_by_default(tmp_path: Path, events: Events) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.metrics is None
     d.stop()
@@ -297,18 +296,18 @@ def test_a_placement_journals_with_one_append_no_fsync(
 ) -> None:
     """Every original of a placement is journaled before its write, in one append, without
     an fsync: process settings end with the process, which ends with the kernel, so the record
-    need only outlive the daemon (gputuned/journal.py; an fsync under disk load was most of a
+    need only outlive the daemon (gputuned/engine/journal.py; an fsync under disk load was most of a
     placement's time, issue 20)."""
-    import gputuned.host.state as state
+    import gputuned.store.state as state
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     appends: list[bytes] = []
     synced: list[bool] = []
     real_append = state.append_durable
 
-    def append(host: Host, hpath: str, line: bytes, *, sync: bool = True) -> None:
+    def append(host: FaultKernel, hpath: str, line: bytes, *, sync: bool = True) -> None:
         if b'"op": "save"' in line:
             # Nothing of the process may have been written yet when its originals are saved.
             assert not [w for k, w in events if k == "write" and "/proc/6000" in w]
@@ -316,7 +315,7 @@ def test_a_placement_journals_with_one_append_no_fsync(
             synced.append(sync)
         real_append(host, hpath, line, sync=sync)
 
-    monkeypatch.setattr("gputuned.journal.append_durable", append)
+    monkeypatch.setattr("gputuned.engine.journal.append_durable", append)
     _server(root, 6000, [6001, 6002, 6003])
     time.sleep(d.watcher.timeout if d.watcher else 0)
     d._on_proc_events()
@@ -329,10 +328,10 @@ def test_a_placement_journals_with_one_append_no_fsync(
         stat = (root / f"proc/6000/task/{tid}/stat").read_text()
         assert stat.rpartition(")")[2].split()[19 - 3] == "-10", tid
     # The journal in memory is the one on disk.
-    from gputuned.journal import Journal
+    from gputuned.engine.journal import Journal
 
     assert d.journal is not None
-    assert [e.op.key for e in Journal(Host(root)).entries()] == [
+    assert [e.op.key for e in Journal(tree_kernel(root)).entries()] == [
         e.op.key for e in d.journal.entries()
     ]
     d.stop()
@@ -344,17 +343,17 @@ def test_a_placement_journals_with_one_append_no_fsync(
 def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, events: Events) -> None:
     """Killed after the batch is durable and before any write: the revert finds every value
     still the original and the host ends as before."""
-    from gputuned.apply import ApplyReport, apply_settings, revert_all
-    from gputuned.engine import read_context
-    from gputuned.journal import Journal
+    from gputuned.engine.apply import ApplyReport, apply_settings, revert_all
+    from gputuned.engine.journal import Journal
+    from gputuned.engine.plan import read_context
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    host = Host(root)
+    host = tree_kernel(root)
     _server(root, 6000, [6001])
     before = digest(root)
     prof = load_profile(profile_file(tmp_path))
     ctx = read_context(host, prof)
-    from gputuned.engine import plan_processes
+    from gputuned.engine.plan import plan_processes
 
     settings, _claims = plan_processes(ctx, [6000])
     assert settings
@@ -363,16 +362,16 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
     class Killed(BaseException):
         pass
 
-    def crash(_self: Host, _rec: WriteRecord) -> None:
+    def crash(_self: FaultKernel, _rec: WriteRecord) -> None:
         raise Killed
 
-    real_wrote = Host._wrote
-    Host._wrote = crash  # type: ignore[method-assign]
+    real_wrote = FaultKernel._wrote
+    FaultKernel._wrote = crash  # type: ignore[method-assign]
     try:
         with pytest.raises(Killed):
             apply_settings(host, journal, settings, ApplyReport(), keep_going=True, batch=True)
     finally:
-        Host._wrote = real_wrote  # type: ignore[method-assign]
+        FaultKernel._wrote = real_wrote  # type: ignore[method-assign]
     assert len(Journal(host)) >= 2, "the originals were durable before the first write"
     rep = revert_all(host)
     assert rep.failed == []
@@ -382,10 +381,10 @@ def test_a_crash_between_journal_and_writes_reverts_exactly(tmp_path: Path, even
 def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
     tmp_path: Path, events: Events
 ) -> None:
-    from gputuned.host.procwatch import ProcEvent
+    from gputuned.service.procwatch import ProcEvent
 
     root = tree_copy("h200-captured", tmp_path, server=False)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     assert d.journal is not None and d.watcher is not None
     journal_file = root / JOURNAL.lstrip("/")
@@ -412,12 +411,12 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
     """Drift repair, reload and control apply meet a plan error (say a neighbour's partition
     took the CPUs): what is applied stays, the daemon keeps running and says so."""
     from gputuned import errors
-    from gputuned.host.control import PeerCred
+    from gputuned.service.control import PeerCred
 
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     applied = digest(root)
 
@@ -425,7 +424,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         raise errors.PlanError("CPUs 1-2 are held by another valid partition")
 
     with monkeypatch.context() as m:
-        m.setattr("gputuned.apply.plan_profile", refuse)
+        m.setattr("gputuned.engine.apply.plan_profile", refuse)
         d._drift_ticks = 9
         d._next["drift"] = 0.0
         d._timers()
@@ -460,7 +459,7 @@ def test_realtime_priority_is_fifo_for_the_event_thread_only(
 
     monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=_realtime_profile(tmp_path, 1))
+    d = Daemon(tree_kernel(root), profile_path=_realtime_profile(tmp_path, 1))
     d.start()
     assert calls == [], "a tree is not the machine: the daemon's own policy is left alone"
     d._realtime(1)
@@ -478,7 +477,7 @@ def test_realtime_priority_refused_says_why_and_runs_on(
 
     monkeypatch.setattr(os, "sched_setscheduler", refuse)
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=_realtime_profile(tmp_path, 1))
+    d = Daemon(tree_kernel(root), profile_path=_realtime_profile(tmp_path, 1))
     d._realtime(1)
     assert len(d.setup_notes) == 1 and d.setup_notes[0].startswith("realtime_priority refused")
     assert "RT budget" in d.setup_notes[0] or "CAP_SYS_NICE" in d.setup_notes[0]
@@ -499,7 +498,7 @@ def test_sigusr1_hands_over_to_the_next_daemon_without_a_write(
     one adopts the journal without one write, and its stop restores the originals."""
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     tuned = digest(root)
     assert tuned != before
@@ -513,7 +512,7 @@ def test_sigusr1_hands_over_to_the_next_daemon_without_a_write(
     assert digest(root) == tuned and (root / JOURNAL.lstrip("/")).is_file()
     # the next daemon: same profile file, adopts, writes nothing, and reverts at its stop
     events.clear()
-    d2 = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d2 = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d2.start()
     assert not [e for e in events if e[0] == "write"], "adopting: no untuned window, no writes"
     assert d2.stop() == 0
@@ -525,7 +524,7 @@ def test_metrics_address_option_binds_there(tmp_path: Path, events: Events) -> N
     metrics_address; 127.0.0.2 stands in for it (all of 127/8 is loopback on Linux)."""
     import socket
 
-    from gputuned.daemon import build_parser
+    from gputuned.daemon.main import build_parser
 
     assert build_parser().parse_args(["--metrics-address", "127.0.0.2"]).metrics_address == (
         "127.0.0.2"
@@ -539,7 +538,7 @@ def test_metrics_address_option_binds_there(tmp_path: Path, events: Events) -> N
         probe.bind(("127.0.0.2", 0))
         port = probe.getsockname()[1]
     prof.write_text(prof.read_text().replace("metrics_port = 1", f"metrics_port = {port}"))
-    d = Daemon(Host(root), profile_path=prof, metrics_address="127.0.0.2")
+    d = Daemon(tree_kernel(root), profile_path=prof, metrics_address="127.0.0.2")
     d.start()
     try:
         assert d.metrics is not None and d.metrics._sock.getsockname() == ("127.0.0.2", port)

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile
-from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.control import PeerCred
-from gputuned.host.loop import Loop
-from gputuned.profile import load_profile, parse_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile
+from gputuned.engine.plan import plan_profile
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import PeerCred
+from gputuned.service.loop import Loop
+from tests.faults import tree_kernel
 from tests.unit.conftest import Events
 from tests.unit.test_apply import digest, tree_copy
 from tests.unit.test_daemon import profile_file, sent
@@ -61,13 +61,14 @@ def test_metrics_port_in_a_sandbox_without_ip_does_not_end_the_daemon(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     d = Daemon(
-        Host(root), profile_path=with_daemon_table(profile_file(tmp_path), "metrics_port = 9466")
+        tree_kernel(root),
+        profile_path=with_daemon_table(profile_file(tmp_path), "metrics_port = 9466"),
     )
     d.start()
     assert d.metrics is None and d.control is not None
     status = d._handle({"cmd": "status"}, ROOT_PEER)
     assert any("metrics off" in n and "EAFNOSUPPORT" in n for n in status["notes"]), status
-    from gputuned.render import render_status
+    from gputuned.cli.render import render_status
 
     render_status(status)  # says so on the terminal too
     assert "metrics off" in capsys.readouterr().out
@@ -83,11 +84,11 @@ def test_a_control_group_that_does_not_exist_stops_the_start_before_any_write(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = with_daemon_table(profile_file(tmp_path), f'control_group = "{MISSING}"')
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     with pytest.raises(errors.InvalidValue, match=f"control_group '{MISSING}' does not exist"):
         d.start()
     assert not [e for e in events if e[0] == "write"] and digest(root) == before
-    d2 = Daemon(Host(root), profile_path=profile_file(tmp_path))  # the lock was let go
+    d2 = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))  # the lock was let go
     d2.start()
     d2.stop()
 
@@ -96,8 +97,8 @@ def test_plan_refuses_a_control_group_that_does_not_exist(tmp_path: Path) -> Non
     root = tree_copy("h200-captured", tmp_path)
     prof = load_profile(with_daemon_table(profile_file(tmp_path), f'admin_group = "{MISSING}"'))
     with pytest.raises(errors.PlanError, match=f"daemon admin_group: group '{MISSING}'"):
-        plan_profile(Host(root), prof)
-    plan = plan_profile(Host(root), prof, allow_blocked=True)
+        plan_profile(tree_kernel(root), prof)
+    plan = plan_profile(tree_kernel(root), prof, allow_blocked=True)
     assert [r.target for r in plan.blocked] == ["admin_group"]
 
 
@@ -107,12 +108,12 @@ def test_without_cap_chown_the_start_fails_before_any_write(
     def no_cap_chown(*_a: Any, **_k: Any) -> None:
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
 
-    monkeypatch.setattr("gputuned.host.control.os.chown", no_cap_chown)
+    monkeypatch.setattr("gputuned.service.control.os.chown", no_cap_chown)
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = with_daemon_table(profile_file(tmp_path), 'control_group = "root"')
     with pytest.raises(errors.PermissionDenied, match="needs CAP_CHOWN"):
-        Daemon(Host(root), profile_path=prof).start()
+        Daemon(tree_kernel(root), profile_path=prof).start()
     assert digest(root) == before
 
 
@@ -122,12 +123,12 @@ def test_a_failed_start_puts_back_a_journal_it_adopted(tmp_path: Path, events: E
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    apply_profile(Host(root), load_profile(prof), source=str(prof), reload_path=str(prof))
+    apply_profile(tree_kernel(root), load_profile(prof), source=str(prof), reload_path=str(prof))
     assert digest(root) != before
     bad = tmp_path / "bad.toml"
     bad.write_text(prof.read_text() + f'\n[daemon]\ncontrol_group = "{MISSING}"\n')
     with pytest.raises(errors.InvalidValue):
-        Daemon(Host(root), profile_path=bad).start()
+        Daemon(tree_kernel(root), profile_path=bad).start()
     assert digest(root) == before
 
 
@@ -155,14 +156,14 @@ def test_any_error_in_a_reload_keeps_the_profile_and_the_daemon(
     tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     applied = digest(root)
 
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr("gputuned.daemon.load_profile", broken)
+    monkeypatch.setattr("gputuned.daemon.keeper.load_profile", broken)
     os.kill(os.getpid(), signal.SIGHUP)
     d.loop.run_once(1.0)
     assert d.running and d.profile is not None and d.profile.name == "shared-host"
@@ -177,13 +178,13 @@ def test_a_profile_file_that_breaks_at_restart_falls_back_to_the_copy(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    apply_profile(Host(root), load_profile(prof), source=str(prof), reload_path=str(prof))
+    apply_profile(tree_kernel(root), load_profile(prof), source=str(prof), reload_path=str(prof))
 
     def broken(*_a: Any, **_k: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr("gputuned.daemon.load_profile", broken)
-    d = Daemon(Host(root))
+    monkeypatch.setattr("gputuned.daemon.keeper.load_profile", broken)
+    d = Daemon(tree_kernel(root))
     d.start()
     assert d.profile is not None and d.profile.name == "shared-host"
     d.stop()
@@ -220,7 +221,7 @@ def test_apply_by_path_is_refused_without_reading_the_file(tmp_path: Path, event
     """Finding 7: the daemon opened the path a control client named, as root, and quoted
     what it found in the error."""
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     secret = tmp_path / "secret.toml"
     secret.write_text('name = "x"\n[irq]\nspread = "SECRET-1234"\n')
@@ -251,7 +252,7 @@ def test_request_fields_are_checked(
     tmp_path: Path, events: Events, req: dict[str, Any], message: str
 ) -> None:
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     applied = digest(root)
     with pytest.raises(errors.GputunedError, match=re.escape(message)):
@@ -266,7 +267,7 @@ def test_a_profile_sent_over_the_socket_is_reloaded_from_its_copy(
     """SIGHUP re-reads what root named (here --profile), but a profile a client sent is
     re-applied from the copy the daemon stored, whatever the file it came from says now."""
     root = tree_copy("h200-captured", tmp_path)
-    d = Daemon(Host(root), profile_path=profile_file(tmp_path, count=4))
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path, count=4))
     d.start()
     other = profile_file(tmp_path, count=6)
     resp = d._handle({"cmd": "apply", "profile": sent(other), "source": str(other)}, ROOT_PEER)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host import Host
-from gputuned.host.control import request
+from gputuned.service.control import request
+from tests.faults import tree_kernel
 from tests.unit.test_apply import digest, tree_copy
 from tests.unit.test_daemon import profile_file
 
@@ -79,7 +79,7 @@ def test_daemon_process_cycle(daemon: tuple[subprocess.Popen[str], NotifyListene
     assert any(f.startswith("STATUS=applied shared-host:") for f in ready), ready
     assert (root / "proc/irq/42/smp_affinity_list").read_text() == "1\n"
     notify.wait_for("WATCHDOG=1", timeout=3)
-    status = request(Host(root), {"cmd": "status"})
+    status = request(tree_kernel(root), {"cmd": "status"})
     assert status["ok"] and status["daemon"]["pid"] == proc.pid
     proc.send_signal(signal.SIGUSR2)  # stop the watchdog pings: none may come after this
     time.sleep(0.3)

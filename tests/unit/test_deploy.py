@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 import gputuned
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.profiledirs import USER_DIR
-from gputuned.profile import parse_profile
+from gputuned.engine.plan import plan_profile
+from gputuned.profile.load import parse_profile
+from gputuned.store.profiledirs import USER_DIR
+from tests.faults import tree_kernel
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy/kubernetes"
@@ -86,7 +86,7 @@ def fleet_profile() -> tuple[str, dict[str, Any]]:
 def test_the_configmap_profile_plans_on_the_8_gpu_tree() -> None:
     name, data = fleet_profile()
     profile = parse_profile(data, name)
-    plan = plan_profile(Host(REPO / "tests/data/hosts/dual-socket-8gpu"), profile)
+    plan = plan_profile(tree_kernel(REPO / "tests/data/hosts/dual-socket-8gpu"), profile)
     assert not plan.blocked
     assert profile.cpuset is None, "the kubelet owns pods' cpusets: no partition"
     assert all(not r.move_to_partition for r in profile.process)

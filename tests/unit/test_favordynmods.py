@@ -1,7 +1,7 @@
 """[cpuset] favordynmods: a remount of the cgroup2 hierarchy, planned, applied, read back, reverted.
 
 On copies of the trees: the tree's kernel model rewrites its /proc/self/mountinfo and /proc/mounts
-lines as the kernel shows them after the same mount(2) call (gputuned.host.treekernel).
+lines as the kernel shows them after the same mount(2) call (gputuned.sim.mounts).
 """
 
 from __future__ import annotations
@@ -14,15 +14,18 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.apply import ApplyError, apply_profile, read_state, revert_all
-from gputuned.changes import Change
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import Host, mounts
-from gputuned.host.capture import capture
-from gputuned.host.treekernel import TreeKernel
-from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
+from gputuned.engine.changes import Change
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel import mounts
+from gputuned.kernel.capture import capture
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
+from gputuned.sim.model import TreeModel
+from gputuned.sim.tree import SimKernel
+from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
 CG = "/sys/fs/cgroup"
@@ -48,7 +51,7 @@ def refusal(plan: PlanResult) -> str:
 
 
 def cgroup2(root: Path, point: str = CG) -> mounts.Mount:
-    return mounts.find(Host(root), point, "cgroup2")
+    return mounts.find(tree_kernel(root), point, "cgroup2")
 
 
 def edit(root: Path, hpath: str, old: str, new: str) -> None:
@@ -62,7 +65,7 @@ def edit(root: Path, hpath: str, old: str, new: str) -> None:
 
 
 @pytest.mark.parametrize("tree", ["h200-captured", "h200-vm", "dual-socket-8gpu"])
-def test_plan_shows_the_remount(tree: str, tree_host: Callable[[str], Host]) -> None:
+def test_plan_shows_the_remount(tree: str, tree_host: Callable[[str], FaultKernel]) -> None:
     plan = plan_profile(tree_host(tree), SHARED)
     ch = mount_change(plan)
     assert (ch.tuner, ch.target, ch.current, ch.wanted) == (
@@ -82,30 +85,30 @@ def test_hybrid_host_skips_it_where_the_partition_falls_back(tmp_path: Path) -> 
     cgroups: no remount, a note says why. Asked for alone (mode "none"), it is remounted."""
     root = tree_copy("ci-vm", tmp_path)
     before = digest(root)
-    plan = plan_profile(Host(root), SHARED)
+    plan = plan_profile(tree_kernel(root), SHARED)
     assert [c for c in plan.settings if c.kind == "mount"] == []
     assert any(r.target == "partition gputuned.inference" for r in plan.refused)
     assert any(n.startswith("cpuset.favordynmods: not planned") for n in plan.notes), plan.notes
-    _plan, report = apply_profile(Host(root), SHARED)
+    _plan, report = apply_profile(tree_kernel(root), SHARED)
     assert not [w for w in report.written if w["target"].startswith("cgroup2 mount options")]
     assert cgroup2(root, "/sys/fs/cgroup/unified").super_options == "rw"
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
-    ch = mount_change(plan_profile(Host(root), only(mode="none")))
+    ch = mount_change(plan_profile(tree_kernel(root), only(mode="none")))
     assert (ch.target, ch.current, ch.wanted) == (
         "cgroup2 mount options (/sys/fs/cgroup/unified)",
         "rw",
         "rw,favordynmods",
     )
-    _plan, report = apply_profile(Host(root), only(mode="none"))
+    _plan, report = apply_profile(tree_kernel(root), only(mode="none"))
     assert {"target": ch.target, "old": "rw", "new": "rw,favordynmods"} in report.written
     assert cgroup2(root, "/sys/fs/cgroup/unified").super_options == "rw,favordynmods"
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
-def test_it_applies_in_mode_none_and_alone(tree_host: Callable[[str], Host]) -> None:
+def test_it_applies_in_mode_none_and_alone(tree_host: Callable[[str], FaultKernel]) -> None:
     plan = plan_profile(tree_host("h200-vm"), only())
     assert [c.target for c in plan.settings] == [TARGET]
     assert plan.refused == []
@@ -114,22 +117,22 @@ def test_it_applies_in_mode_none_and_alone(tree_host: Callable[[str], Host]) -> 
 def test_already_there_is_in_sync_and_nothing_is_written(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     edit(root, mounts.MOUNTINFO, f"cgroup2 {H200_SUPER}", f"cgroup2 {H200_WANTED}")
-    host = Host(root)
+    host = tree_kernel(root)
     _plan, report = apply_profile(host, only())
     ch = mount_change(_plan)
     assert ch.in_sync and ch.current == H200_WANTED
     assert report.written == [] and not any(w.path.endswith(":remount") for w in host.writes)
-    assert Journal(Host(root)).get(f"mount:{CG}") is None, "nothing to put back"
+    assert Journal(tree_kernel(root)).get(f"mount:{CG}") is None, "nothing to put back"
 
 
 def test_report_only_lists_it_and_writes_nothing(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     plan, report = apply_profile(host, only(report_only=True))
     assert mount_change(plan).report_only
     assert report.written == [] and digest(root) == before
-    assert verify_plan(plan, read_state(Host(root))).lines[0].status == "report only"
+    assert verify_plan(plan, read_state(tree_kernel(root))).lines[0].status == "report only"
 
 
 @pytest.mark.parametrize(
@@ -165,15 +168,15 @@ def test_not_possible_here(change: str, reason: str, tmp_path: Path) -> None:
     before = digest(root)
     # On ci-vm shared-host's partition falls back and favordynmods is not even planned there
     # (test_hybrid_host_skips_it_where_the_partition_falls_back): ask for it alone.
-    plan = plan_profile(Host(root), only(mode="none") if change == "no-cgroup2" else SHARED)
+    plan = plan_profile(tree_kernel(root), only(mode="none") if change == "no-cgroup2" else SHARED)
     assert reason in refusal(plan)
     assert not [c for c in plan.settings if c.kind == "mount"]
     assert not any(r.blocking for r in plan.refused)
     if change != "no-cgroup2":  # the partition is still made; only the remount is left out
-        host = Host(root)
+        host = tree_kernel(root)
         _plan, report = apply_profile(host, SHARED)
         assert report.failed == [] and not any(w.path.endswith(":remount") for w in host.writes)
-        assert revert_all(Host(root)).failed == []
+        assert revert_all(tree_kernel(root)).failed == []
         assert digest(root) == before
 
 
@@ -184,7 +187,7 @@ def test_apply_writes_it_keeps_every_other_option_and_revert_is_byte_exact(tmp_p
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     mounts_line = (root / "proc/mounts").read_text()
-    host = Host(root)
+    host = tree_kernel(root)
     _plan, report = apply_profile(host, SHARED)
     assert report.failed == []
     assert {"target": TARGET, "old": H200_SUPER, "new": H200_WANTED} in report.written
@@ -195,18 +198,18 @@ def test_apply_writes_it_keeps_every_other_option_and_revert_is_byte_exact(tmp_p
     assert (root / "proc/mounts").read_text() == mounts_line.replace(
         "nsdelegate,memory_recursiveprot", "nsdelegate,favordynmods,memory_recursiveprot"
     )
-    entry = Journal(Host(root)).get(f"mount:{CG}")
+    entry = Journal(tree_kernel(root)).get(f"mount:{CG}")
     assert entry is not None and entry.old == H200_SUPER
     assert entry.op.kind == "mount" and entry.op.data == {"fstype": "cgroup2"}
 
-    again = Host(root)
+    again = tree_kernel(root)
     _plan, report2 = apply_profile(again, SHARED)
     assert report2.written == [] and again.writes == [], "re-applying writes nothing"
-    rep = verify_plan(plan_profile(Host(root), SHARED), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), SHARED), read_state(tree_kernel(root)))
     (line,) = [ln for ln in rep.lines if ln.target == TARGET]
     assert (line.status, line.live) == ("passed", H200_WANTED)
 
-    rev = revert_all(Host(root))
+    rev = revert_all(tree_kernel(root))
     assert rev.failed == []
     assert {"target": TARGET, "value": H200_SUPER} in rev.restored
     assert digest(root) == before
@@ -216,19 +219,19 @@ def test_the_remount_is_journaled_before_it_is_written(tmp_path: Path) -> None:
     """When mount(2) is called, the old options are in the journal already."""
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     seen: list[object] = []
     real = host.start_remount
 
     def start_remount(point: str, fstype: str, options: str) -> Callable[[], None]:
-        seen.append(Journal(Host(root)).get(f"mount:{CG}"))
+        seen.append(Journal(tree_kernel(root)).get(f"mount:{CG}"))
         return real(point, fstype, options)
 
     host.start_remount = start_remount  # type: ignore[method-assign]
     apply_profile(host, only())
     (entry,) = seen
     assert entry is not None and entry.old == H200_SUPER  # type: ignore[attr-defined]
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
@@ -236,29 +239,29 @@ def test_a_refused_remount_fails_and_rolls_back(tmp_path: Path) -> None:
     """EPERM (no CAP_SYS_ADMIN, or a seccomp filter): a failure, what was written is undone."""
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject(f"{CG}:remount", "write", errno.EPERM)
     with pytest.raises(ApplyError) as info:
         apply_profile(host, SHARED)
     assert f"cpuset {TARGET} failed" in str(info.value)
     assert digest(root) == before
-    assert Journal(Host(root)).entries() == []
+    assert Journal(tree_kernel(root)).entries() == []
 
 
 def test_einval_from_the_kernel_is_not_possible_here(tmp_path: Path) -> None:
     """An option the kernel does not know (favordynmods before 6.0) is refused with EINVAL."""
     root = tree_copy("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject(f"{CG}:remount", "write", errno.EINVAL)
     _plan, report = apply_profile(host, SHARED)
     assert report.failed == []
     why = report.not_possible[f"mount:{CG}"]
     assert why["target"] == TARGET and "EINVAL" in why["reason"]
     assert cgroup2(root).super_options == H200_SUPER
-    rep = verify_plan(plan_profile(Host(root), SHARED), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), SHARED), read_state(tree_kernel(root)))
     (line,) = [ln for ln in rep.lines if ln.target == TARGET]
     assert line.status == "not possible here"
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
 
 
 def test_a_readback_that_lacks_the_option_is_a_failure(tmp_path: Path) -> None:
@@ -266,7 +269,7 @@ def test_a_readback_that_lacks_the_option_is_a_failure(tmp_path: Path) -> None:
     (apply_cgroup_root_flags()): the remount succeeds and nothing changes. Read back says so."""
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject(f"{CG}:remount", "drop", 0)
     with pytest.raises(ApplyError) as info:
         apply_profile(host, only())
@@ -300,10 +303,10 @@ def test_mountinfo_fields_are_unescaped_and_the_top_mount_wins(tmp_path: Path) -
         "31 1 0:27 / /x rw - tmpfs tmpfs rw\n"
         "32 1 0:28 / /x rw,nosuid - cgroup2 cgroup2 rw,favordynmods\n"
     )
-    assert mounts.find(Host(root), "/mnt/a b", "cgroup2").source == "none"
-    assert mounts.find(Host(root), "/x", "cgroup2").super_options == "rw,favordynmods"
+    assert mounts.find(tree_kernel(root), "/mnt/a b", "cgroup2").source == "none"
+    assert mounts.find(tree_kernel(root), "/x", "cgroup2").super_options == "rw,favordynmods"
     with pytest.raises(errors.TargetGone):
-        mounts.find(Host(root), "/mnt", "cgroup2")
+        mounts.find(tree_kernel(root), "/mnt", "cgroup2")
 
 
 @pytest.mark.parametrize(
@@ -327,7 +330,7 @@ def test_with_option_uses_the_kernels_order(have: str, add: str, want: str) -> N
 def test_tree_kernel_remount_is_the_kernels(tmp_path: Path) -> None:
     """Exactly the options given (none kept from before); the mount's flags from the call's."""
     root = tree_copy("h200-captured", tmp_path, server=False)
-    tk = TreeKernel(root)
+    tk = TreeModel(root)
     tk.remount(CG, mounts.MS_REMOUNT, "memory_localevents,nsdelegate")
     m = cgroup2(root)
     # No MS_NOSUID/NODEV/NOEXEC passed: they are gone (set_mount_attributes()); no atime flag
@@ -355,7 +358,7 @@ def test_capture_keeps_the_cgroup_lines_of_mountinfo_and_the_features(tmp_path: 
     (root / "proc/self/mountinfo").write_text(
         "22 1 0:21 / /proc rw - proc proc rw\n" + (root / "proc/self/mountinfo").read_text()
     )
-    capture(Host(root), tmp_path / "cap")
+    capture(tree_kernel(root), tmp_path / "cap")
     got = (tmp_path / "cap/proc/self/mountinfo").read_text()
     assert got == (root / "proc/self/mountinfo").read_text().split("\n", 1)[1]
     assert (tmp_path / "cap/sys/kernel/cgroup/features").read_text().split()[1] == "favordynmods"
@@ -367,20 +370,20 @@ def test_capture_keeps_the_cgroup_lines_of_mountinfo_and_the_features(tmp_path: 
 
 
 def slow_remount(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[str]:
-    """mounts.remount taking ``seconds`` (the kernel's grace period); logs start and end."""
+    """The remount's mount(2) taking ``seconds`` (the kernel's grace period); logs start and end."""
     import threading
     import time
 
     log: list[str] = []
-    real = mounts.remount
+    real = SimKernel._mount
 
-    def remount(host: Host, point: str, fstype: str, opts: str) -> None:
+    def mount(kernel: SimKernel, m: mounts.Mount, flags: int, data: str) -> None:
         log.append(f"start {threading.current_thread().name}")
         time.sleep(seconds)
-        real(host, point, fstype, opts)
+        real(kernel, m, flags, data)
         log.append("end")
 
-    monkeypatch.setattr(mounts, "remount", remount)
+    monkeypatch.setattr(SimKernel, "_mount", mount)
     return log
 
 
@@ -392,7 +395,7 @@ def test_the_remount_overlaps_the_writes_after_it(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     log = slow_remount(monkeypatch, 0.3)
-    host = Host(root)
+    host = tree_kernel(root)
     _plan, report = apply_profile(host, SHARED)
     assert report.failed == []
     assert log == ["start gputuned-remount", "end"]
@@ -402,7 +405,7 @@ def test_the_remount_overlaps_the_writes_after_it(
     assert any(p.startswith("/proc/irq/") for p in order[:remount]), "IRQs written meanwhile"
     assert remount < move, "the process moves only once the remount is done"
     assert "favordynmods" in cgroup2(root).super_options.split(",")
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
@@ -412,7 +415,7 @@ def test_a_failure_while_the_remount_runs_undoes_it_too(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
     slow_remount(monkeypatch, 0.2)
-    host = Host(root)
+    host = tree_kernel(root)
     host.inject("/proc/irq/44/smp_affinity_list", "write", errno.EBUSY)
     with pytest.raises(ApplyError) as info:
         apply_profile(host, SHARED)
@@ -421,7 +424,7 @@ def test_a_failure_while_the_remount_runs_undoes_it_too(
     assert {w["target"] for w in info.value.report.written} >= {TARGET}
     assert "favordynmods" not in cgroup2(root).super_options.split(",")
     assert digest(root) == before
-    assert Journal(Host(root)).entries() == []
+    assert Journal(tree_kernel(root)).entries() == []
 
 
 def test_a_remount_that_fails_in_its_thread_rolls_back_what_followed(
@@ -430,15 +433,15 @@ def test_a_remount_that_fails_in_its_thread_rolls_back_what_followed(
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
 
-    def busy(host: Host, point: str, fstype: str, opts: str) -> None:
+    def busy(kernel: SimKernel, mount: mounts.Mount, flags: int, data: str) -> None:
         raise OSError(errno.EBUSY, "busy")
 
-    monkeypatch.setattr(mounts, "remount", busy)
+    monkeypatch.setattr(SimKernel, "_mount", busy)
     with pytest.raises(ApplyError) as info:
-        apply_profile(Host(root), SHARED)
+        apply_profile(tree_kernel(root), SHARED)
     assert f"cpuset {TARGET} failed" in str(info.value)
     assert digest(root) == before
-    assert Journal(Host(root)).entries() == []
+    assert Journal(tree_kernel(root)).entries() == []
 
 
 def test_a_failpoint_kill_waits_for_the_remount_under_way(
@@ -447,7 +450,7 @@ def test_a_failpoint_kill_waits_for_the_remount_under_way(
     """A SIGKILL takes effect only once the mount(2) in progress returns; killing the tree
     model's remount half-way left a temporary mountinfo behind (seen once in the crash-point
     gauntlet, killed before the write after the remount)."""
-    import gputuned.host.fs as fs_mod
+    import tests.faults as faults_mod
 
     root = tree_copy("h200-captured", tmp_path)
     log = slow_remount(monkeypatch, 0.3)
@@ -456,8 +459,8 @@ def test_a_failpoint_kill_waits_for_the_remount_under_way(
     def die(where: str) -> None:  # instead of SIGKILL: what the kill would leave
         seen.append((list(log), sorted(p.name for p in (root / "proc/self").iterdir())))
 
-    monkeypatch.setattr(fs_mod, "_die", die)
-    host = Host(root)
+    monkeypatch.setattr(faults_mod, "_die", die)
+    host = tree_kernel(root)
     old = cgroup2(root).super_options
     finish = host.start_remount(CG, "cgroup2", f"{old},favordynmods")
     host._kill("before write 2")

@@ -13,16 +13,17 @@ from typing import Any
 
 import pytest
 
-from gputuned.apply import apply_profile, revert_all
 from gputuned.cpulist import parse_cpulist
-from gputuned.daemon import Daemon
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import Host
-from gputuned.host import gpuuse as host_gpuuse
-from gputuned.host.gpuuse import device_minors, driver_minors, gpu_environ
-from gputuned.profile import Profile, parse_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.kernel import gpuuse as host_gpuuse
+from gputuned.kernel.gpuuse import device_minors, driver_minors, gpu_environ
+from gputuned.profile.load import parse_profile
+from gputuned.profile.model import Profile
 from gputuned.tuners.gpuuse import Gpu, env_gpus
 from tests.fakeproc import add_process, add_user
+from tests.faults import tree_kernel
 from tests.unit.conftest import Events
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, digest
 from tests.unit.test_multigpu import copy
@@ -199,7 +200,7 @@ def test_device_nodes_are_read_by_number_and_only_gpus_count(tmp_path: Path) -> 
     opens(root, 700, "/dev/nvidiactl", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/null",
           "socket:[12345]", "/dev/nvidia3", "/dev/nvidia9")  # fmt: skip
     (root / "proc/700/fd/notanfd").symlink_to("/dev/nvidia2")
-    host = Host(root)
+    host = tree_kernel(root)
     assert device_minors(host, 700) == {3}  # 195:3; nvidia9 is no device of this host
     assert device_minors(host, 701) == frozenset()  # no such process
     assert driver_minors(host) == {MINOR[i]: BDFS[i] for i in range(8)}
@@ -212,9 +213,9 @@ def test_descriptors_past_the_limit_are_not_read(
     add_process(root, 700, comm="x", cmdline=["x"], exe="/usr/bin/x", start_time=5)
     opens(root, 700, *["/dev/null"] * 5, "/dev/nvidia3")
     monkeypatch.setattr(host_gpuuse, "FD_LIMIT", 5)
-    assert device_minors(Host(root), 700) == frozenset()
+    assert device_minors(tree_kernel(root), 700) == frozenset()
     monkeypatch.setattr(host_gpuuse, "FD_LIMIT", 6)
-    assert device_minors(Host(root), 700) == {3}
+    assert device_minors(tree_kernel(root), 700) == {3}
 
 
 def test_a_hostile_environment_is_read_bounded_and_without_error(tmp_path: Path) -> None:
@@ -227,11 +228,13 @@ def test_a_hostile_environment_is_read_bounded_and_without_error(tmp_path: Path)
         b"\xff\xfe\x00NOEQUALS\0CUDA_DEVICE_ORDER=PCI\x1b[2J\0"
         + b"JUNK=" + b"x" * host_gpuuse.ENVIRON_LIMIT + b"\0CUDA_VISIBLE_DEVICES=3\0"
     )  # fmt: skip
-    assert gpu_environ(Host(root), 700) == {}
+    assert gpu_environ(tree_kernel(root), 700) == {}
     env.write_bytes(b"CUDA_VISIBLE_DEVICES=3\0CUDA_VISIBLE_DEVICES=5\0")
-    assert gpu_environ(Host(root), 700) == {"CUDA_VISIBLE_DEVICES": "3"}  # the first, as getenv
+    assert gpu_environ(tree_kernel(root), 700) == {
+        "CUDA_VISIBLE_DEVICES": "3"
+    }  # the first, as getenv
     env.unlink()  # another user's process: environ not readable
-    assert gpu_environ(Host(root), 700) == {}
+    assert gpu_environ(tree_kernel(root), 700) == {}
 
 
 # ---- placement ------------------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def test_tensor_parallel_workers_each_go_to_their_gpus_partition(tmp_path: Path)
     root = gpu_host(tmp_path)
     pids = server(root)
     before = digest(root)
-    result = plan_profile(Host(root), per_gpu("gpu"))
+    result = plan_profile(tree_kernel(root), per_gpu("gpu"))
     for i in range(8):
         assert placed(result, pids[f"worker{i}"]) == (
             f"/gputuned.inference.gpu{i}",
@@ -254,12 +257,12 @@ def test_tensor_parallel_workers_each_go_to_their_gpus_partition(tmp_path: Path)
         assert placed(result, pids[role]) == (None, OUTSIDE), role
         note = next(n for n in result.notes if f"pid {pids[role]} uses" in n)
         assert "stays outside them" in note and "0,16,32,48" in note, note
-    _, report = apply_profile(Host(root), per_gpu("gpu"))
+    _, report = apply_profile(tree_kernel(root), per_gpu("gpu"))
     assert report.failed == []
     for i in range(8):
         procs = root / f"sys/fs/cgroup/gputuned.inference.gpu{i}/cgroup.procs"
         assert procs.read_text().split() == [str(pids[f"worker{i}"])]
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
@@ -268,7 +271,7 @@ def test_a_server_on_one_node_goes_into_that_nodes_partition(tmp_path: Path) -> 
     partition; each worker on its own GPU's CPUs, the API server on those of all four."""
     root = gpu_host(tmp_path)
     pids = server(root, range(4, 8))
-    result = plan_profile(Host(root), per_gpu("node"))
+    result = plan_profile(tree_kernel(root), per_gpu("node"))
     for i in range(4, 8):
         assert placed(result, pids[f"worker{i}"]) == (
             "/gputuned.inference.node1",
@@ -285,13 +288,13 @@ def test_a_process_using_gpus_on_two_nodes_gets_the_union_outside_the_partitions
     root = gpu_host(tmp_path)
     pids = server(root, range(0))
     opens(root, pids["api"], f"/dev/nvidia{MINOR[0]}", f"/dev/nvidia{MINOR[4]}")
-    result = plan_profile(Host(root), per_gpu("node"))
+    result = plan_profile(tree_kernel(root), per_gpu("node"))
     assert placed(result, pids["api"]) == (None, OUTSIDE)
     (note,) = [n for n in result.notes if f"pid {pids['api']} uses" in n]
     assert "GPUs 0, 4 on node(s) 0, 1, in 2 partitions" in note, note
     assert "gputuned.inference.node0, gputuned.inference.node1" in note
     # With one partition over both nodes there is one place to go: the members of both GPUs.
-    one = plan_profile(Host(root), per_gpu("one"))
+    one = plan_profile(tree_kernel(root), per_gpu("one"))
     both = parse_cpulist(MEMBER[0]) | parse_cpulist(MEMBER[4])
     assert placed(one, pids["api"]) == ("/gputuned.inference", both)
 
@@ -302,23 +305,23 @@ def test_a_process_that_was_in_a_partition_leaves_it_when_it_uses_a_second_node(
     root = gpu_host(tmp_path)
     pids = server(root, range(0))
     opens(root, pids["api"], f"/dev/nvidia{MINOR[1]}")
-    _, report = apply_profile(Host(root), per_gpu("node"))
+    _, report = apply_profile(tree_kernel(root), per_gpu("node"))
     assert report.failed == []
     status = (root / "proc/5000/cgroup").read_text()
     assert status == "0::/gputuned.inference.node0\n"
     opens(root, pids["api"], f"/dev/nvidia{MINOR[6]}")
-    result = plan_profile(Host(root), per_gpu("node"))
+    result = plan_profile(tree_kernel(root), per_gpu("node"))
     move = next(
         c for c in result.settings if c.target.startswith("pid 5000 ") and "cgroup" in c.target
     )
     assert move.wanted == "/user.slice/user-0.slice/session-1.scope"  # where it came from
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
 
 
 def test_without_gpu_sends_the_gpu_less_processes_to_a_named_set(tmp_path: Path) -> None:
     root = gpu_host(tmp_path)
     pids = server(root, range(2))
-    result = plan_profile(Host(root), per_gpu("gpu", without_gpu="housekeeping"))
+    result = plan_profile(tree_kernel(root), per_gpu("gpu", without_gpu="housekeeping"))
     assert placed(result, pids["api"]) == (None, OUTSIDE)
     assert placed(result, pids["worker1"])[0] == "/gputuned.inference.gpu1"
 
@@ -336,7 +339,7 @@ def test_the_environment_places_a_worker_before_it_opens_its_gpu(tmp_path: Path)
     environ(root, pids["worker1"], CUDA_VISIBLE_DEVICES="GPU-6e57")
     environ(root, pids["worker2"], CUDA_VISIBLE_DEVICES="2,3")
     opens(root, pids["worker2"], *(f"/dev/nvidia{MINOR[i]}" for i in (0, 1, 2)))  # all it sees
-    result = plan_profile(Host(root), per_gpu("gpu"))
+    result = plan_profile(tree_kernel(root), per_gpu("gpu"))
     assert placed(result, pids["worker0"])[0] == "/gputuned.inference.gpu5"
     assert placed(result, pids["worker1"])[0] == "/gputuned.inference.gpu6"
     assert placed(result, pids["worker2"])[0] == "/gputuned.inference.gpu2"
@@ -350,7 +353,7 @@ def test_nvml_wins_over_device_nodes(tmp_path: Path) -> None:
     root = gpu_host(tmp_path, nvml)
     pids = server(root, range(4), open_now=False)
     opens(root, pids["worker3"], *(f"/dev/nvidia{MINOR[i]}" for i in range(4)))
-    result = plan_profile(Host(root), per_gpu("gpu"))
+    result = plan_profile(tree_kernel(root), per_gpu("gpu"))
     assert placed(result, pids["worker3"])[0] == "/gputuned.inference.gpu3"
 
 
@@ -362,7 +365,7 @@ def test_uses_gpu_matches_by_device_node_without_nvml(tmp_path: Path) -> None:
     prof = parse_profile(
         {"name": "t", "process": [{"name": "g6", "match": {"uses_gpu": 6}, "nice": 5}]}, "test"
     )
-    result = plan_profile(Host(root), prof)
+    result = plan_profile(tree_kernel(root), prof)
     assert [c.target for c in result.changes] == ["pid 800 (python3, 1 threads) nice"]
     assert any("device nodes" in n for n in result.notes)
 
@@ -404,7 +407,7 @@ def test_a_worker_that_opens_its_gpu_later_is_moved_to_it(tmp_path: Path, events
     prof = tmp_path / "per-gpu.toml"
     prof.write_text(PER_GPU_TOML)
     before = digest(root)
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     pids = server(root, range(6, 7), open_now=False)
     time.sleep((d.watcher.timeout or 0) if d.watcher else 0)  # the next polling scan is due

@@ -1,4 +1,4 @@
-"""The seam itself: Host stays inside its root, and nothing else reaches the machine."""
+"""The seam itself: the kernel port stays inside its root, and nothing else reaches the machine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host
+from tests.faults import tree_kernel
 
 PKG = Path(__file__).resolve().parents[2] / "gputuned"
 HOST_ONLY_MODULES = {"os", "subprocess", "pyudev", "pynvml", "shutil", "socket", "ctypes", "fcntl"}
@@ -42,7 +42,7 @@ def _offences(path: Path) -> list[str]:
             )
             and isinstance(node.value, ast.Call)
         ):
-            # Path(...).read_text() style access; Host methods are called on a name, not a call.
+            # Path(...).read_text() style access; the port's methods are called on a name.
             names = [f"Path.{node.attr}"]
         else:
             continue
@@ -54,11 +54,19 @@ def _offences(path: Path) -> list[str]:
     return out
 
 
+#: The packages whose job is to reach the machine: the kernel port, its live backend and the
+#: machine's readers, the simulated kernel (it edits a tree's files), gputuned's own files
+#: (store) and the daemon's sockets, event loop and notify socket (service).
+MACHINE_PACKAGES = {"kernel", "sim", "store", "service"}
+
+
 def test_only_host_package_touches_the_machine() -> None:
-    files = [p for p in PKG.rglob("*.py") if "host" not in p.relative_to(PKG).parts[:1]]
-    assert len(files) > 3, "expected modules outside gputuned/host to check"
+    files = [p for p in PKG.rglob("*.py") if not MACHINE_PACKAGES & {p.relative_to(PKG).parts[0]}]
+    assert len(files) > 3, "expected modules outside the machine packages to check"
     bad = [o for f in files for o in _offences(f)]
-    assert bad == [], "modules outside gputuned/host reach the machine directly:\n" + "\n".join(bad)
+    assert bad == [], (
+        "modules outside the machine packages reach the machine directly:\n" + "\n".join(bad)
+    )
 
 
 def test_offence_detector_catches_each_form(tmp_path: Path) -> None:
@@ -90,7 +98,7 @@ def test_unit_guard_refuses_real_sys() -> None:
 
 
 def test_host_rejects_dotdot_and_relative(tmp_path: Path) -> None:
-    h = Host(tmp_path)
+    h = tree_kernel(tmp_path)
     with pytest.raises(errors.PathEscape, match=r"contains '\.\.'"):
         h.path("/sys/../../etc/passwd")
     with pytest.raises(errors.PathEscape, match="must be absolute"):
@@ -105,7 +113,7 @@ def test_host_joins_by_component_and_resolves_links_inside_root(tmp_path: Path) 
     )
     (tmp_path / "sys/abs").symlink_to("/sys/devices")  # absolute: re-rooted, not the real /sys
     (tmp_path / "sys/up").symlink_to("../../../../../../..")  # clamps at the root
-    h = Host(tmp_path)
+    h = tree_kernel(tmp_path)
     assert h.path("//sys//bus/./pci") == tmp_path / "sys/bus/pci"
     assert h.resolve("/sys/bus/pci/devices/0000:00:06.0") == "/sys/devices/pci0000:00/0000:00:06.0"
     assert h.resolve("/sys/abs/pci0000:00") == "/sys/devices/pci0000:00"
@@ -113,7 +121,7 @@ def test_host_joins_by_component_and_resolves_links_inside_root(tmp_path: Path) 
 
 
 def test_oserror_translation(tmp_path: Path) -> None:
-    h = Host(tmp_path)
+    h = tree_kernel(tmp_path)
     with pytest.raises(
         errors.TargetGone, match=r"read /proc/irq/99/smp_affinity_list: not there \(ENOENT\)"
     ):
@@ -135,7 +143,7 @@ def test_tree_write_errors_replayed(tmp_path: Path) -> None:
     )
     (tmp_path / "proc/irq/31").mkdir(parents=True)
     (tmp_path / "proc/irq/31/smp_affinity_list").write_text("0-1\n")
-    h = Host(tmp_path)
+    h = tree_kernel(tmp_path)
     with pytest.raises(errors.HostError) as info:
         h.write_text("/proc/irq/31/smp_affinity_list", "1")
     assert info.value.errno == errno.EIO
@@ -144,7 +152,7 @@ def test_tree_write_errors_replayed(tmp_path: Path) -> None:
 
 def test_write_in_place_keeps_length(tmp_path: Path) -> None:
     (tmp_path / "config").write_bytes(bytes(range(16)))
-    h = Host(tmp_path)
+    h = tree_kernel(tmp_path)
     h.write_bytes("/config", b"\xaa\xbb", offset=4)
     assert (tmp_path / "config").read_bytes() == bytes([0, 1, 2, 3, 0xAA, 0xBB]) + bytes(
         range(6, 16)

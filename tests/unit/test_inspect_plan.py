@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.capture import capture
-from gputuned.inspect import inspect
-from gputuned.profile import load_profile, parse_profile
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.capture import capture
+from gputuned.profile.load import load_profile, parse_profile
 from tests.conftest import ALL_TREES, TREES_DIR
+from tests.faults import tree_kernel
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 SHIPPED = sorted(p.name for p in PROFILES.glob("*.toml"))
@@ -46,7 +47,7 @@ def _plan(tree: str, profile: str | dict[str, object]):  # type: ignore[no-untyp
         if isinstance(profile, str)
         else parse_profile(profile, "test")
     )
-    return plan_profile(Host(TREES_DIR / tree), prof)
+    return plan_profile(tree_kernel(TREES_DIR / tree), prof)
 
 
 # -- inspect ------------------------------------------------------------------------------------
@@ -54,7 +55,7 @@ def _plan(tree: str, profile: str | dict[str, object]):  # type: ignore[no-untyp
 
 @pytest.mark.parametrize("tree", ["h200-vm", "h200-captured"])
 def test_inspect_h200(tree: str) -> None:
-    data = inspect(Host(TREES_DIR / tree))
+    data = inspect(tree_kernel(TREES_DIR / tree))
     assert data["gpu_count"] == 1
     (gpu,) = data["devices"]
     assert gpu["bdf"] == "0000:00:06.0"
@@ -76,7 +77,7 @@ def test_inspect_h200(tree: str) -> None:
 
 
 def test_inspect_degraded_link_flags_width_fault_and_speed_note() -> None:
-    data = inspect(Host(TREES_DIR / "degraded-link"))
+    data = inspect(tree_kernel(TREES_DIR / "degraded-link"))
     (gpu,) = data["devices"]
     assert gpu["link"] == {"cap_speed_gts": 32.0, "cap_width": 16, "speed_gts": 8.0, "width": 8}
     assert gpu["findings"] == [
@@ -99,21 +100,21 @@ def test_inspect_slow_link_is_a_fault_when_nvml_says_busy(tmp_path: Path) -> Non
     # PCIe capability at 0x60 (see test_pci); LnkSta at +0x12: speed code 4 = 16 GT/s.
     raw[0x60 + 0x12] = (raw[0x60 + 0x12] & 0xF0) | 0x4
     cfg.write_bytes(bytes(raw))
-    idle = inspect(Host(root))["devices"][0]["findings"]
+    idle = inspect(tree_kernel(root))["devices"][0]["findings"]
     assert idle == [
         {"level": "note", "message": "link at 16 GT/s of 32 GT/s: may be idle downclocking"}
     ]
     meta = json.loads((root / "gputuned-tree.json").read_text())
     meta["nvml"][0]["utilization_gpu"] = 87
     (root / "gputuned-tree.json").write_text(json.dumps(meta))
-    busy = inspect(Host(root))["devices"][0]["findings"]
+    busy = inspect(tree_kernel(root))["devices"][0]["findings"]
     assert busy == [
         {"level": "fault", "message": "link at 16 GT/s of 32 GT/s while the GPU is busy"}
     ]
 
 
 def test_inspect_all_lists_switch_path_and_path_minimum() -> None:
-    data = inspect(Host(TREES_DIR / "dual-socket-8gpu"), all_functions=True)
+    data = inspect(tree_kernel(TREES_DIR / "dual-socket-8gpu"), all_functions=True)
     by = {d["bdf"]: d for d in data["devices"]}
     assert len(by) == 24 and data["gpu_count"] == 8
     assert by["0000:04:00.0"]["path"] == [
@@ -129,7 +130,7 @@ def test_inspect_all_lists_switch_path_and_path_minimum() -> None:
 
 
 def test_inspect_ci_vm_has_no_pcie() -> None:
-    data = inspect(Host(TREES_DIR / "ci-vm"), all_functions=True)
+    data = inspect(tree_kernel(TREES_DIR / "ci-vm"), all_functions=True)
     assert data["devices"] == [] and data["gpu_count"] == 0
 
 
@@ -141,7 +142,7 @@ def test_inspect_ci_vm_has_no_pcie() -> None:
 def test_plan_writes_nothing_on_any_tree(tree: str, profile: str, tmp_path: Path) -> None:
     root = _copy_tree(tree, tmp_path)
     before = _digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     try:
         result = plan_profile(host, load_profile(PROFILES / profile))
     except errors.PlanError as exc:
@@ -282,15 +283,15 @@ def test_capture_of_a_tree_is_complete(tree: str, tmp_path: Path) -> None:
     """Capturing a tree gives a tree that inspects and plans the same: capture misses nothing."""
     dest = tmp_path / "copy"
     progress: list[str] = []
-    capture(Host(TREES_DIR / tree), dest, progress=progress.append)
+    capture(tree_kernel(TREES_DIR / tree), dest, progress=progress.append)
     assert progress[-1].startswith("done: ") and "PCI devices" in progress
-    a = inspect(Host(TREES_DIR / tree), all_functions=True)
-    b = inspect(Host(dest), all_functions=True)
+    a = inspect(tree_kernel(TREES_DIR / tree), all_functions=True)
+    b = inspect(tree_kernel(dest), all_functions=True)
     a.pop("root"), b.pop("root")
     assert a == b
     prof = load_profile(PROFILES / "shared-host.toml")
-    pa = plan_profile(Host(TREES_DIR / tree), prof).to_json()
-    pb = plan_profile(Host(dest), prof).to_json()
+    pa = plan_profile(tree_kernel(TREES_DIR / tree), prof).to_json()
+    pb = plan_profile(tree_kernel(dest), prof).to_json()
     pa.pop("root"), pb.pop("root")
     assert pa == pb
     assert (
@@ -302,7 +303,7 @@ def test_capture_of_a_tree_is_complete(tree: str, tmp_path: Path) -> None:
 def test_capture_refuses_non_empty_dir(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("")
     with pytest.raises(errors.GputunedError, match="is not empty"):
-        capture(Host(TREES_DIR / "ci-vm"), tmp_path)
+        capture(tree_kernel(TREES_DIR / "ci-vm"), tmp_path)
 
 
 # -- CLI ----------------------------------------------------------------------------------------

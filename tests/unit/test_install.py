@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.host import Host, sysinstall
-from gputuned.install import (
+from gputuned import errors
+from gputuned.cli import main as cli
+from gputuned.cli.install import (
     PROFILES_DIR,
     RECORD,
     RULE,
@@ -19,6 +19,8 @@ from gputuned.install import (
     systemd_quote,
     uninstall_system,
 )
+from gputuned.kernel import sysinstall
+from tests.faults import tree_kernel
 
 REPO = Path(__file__).resolve().parents[2]
 EXE = "/opt/venv/bin/gputuned"
@@ -47,7 +49,7 @@ def test_package_data_is_the_top_level_sources() -> None:
 
 
 def test_install_into_prefix(tmp_path: Path) -> None:
-    report = install_system(Host(tmp_path), exe=EXE)
+    report = install_system(tree_kernel(tmp_path), exe=EXE)
     want = {UNIT, RULE, *(f"{PROFILES_DIR}/{n}" for n in SHIPPED_PROFILES)}
     assert actions(report) == dict.fromkeys(want, "install")
     assert set(files_under(tmp_path)) == want | {RECORD}
@@ -67,9 +69,9 @@ def test_install_into_prefix(tmp_path: Path) -> None:
 
 
 def test_install_twice_changes_nothing(tmp_path: Path) -> None:
-    install_system(Host(tmp_path), exe=EXE)
+    install_system(tree_kernel(tmp_path), exe=EXE)
     before = files_under(tmp_path)
-    report = install_system(Host(tmp_path), exe=EXE)
+    report = install_system(tree_kernel(tmp_path), exe=EXE)
     assert set(actions(report).values()) == {"unchanged"}
     after = files_under(tmp_path)
     assert {k: v for k, v in after.items() if k != RECORD} == {
@@ -78,21 +80,21 @@ def test_install_twice_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
-    report = install_system(Host(tmp_path), exe=EXE, dry_run=True)
+    report = install_system(tree_kernel(tmp_path), exe=EXE, dry_run=True)
     assert set(actions(report).values()) == {"install"}
     assert files_under(tmp_path) == {}
-    install_system(Host(tmp_path), exe=EXE)
+    install_system(tree_kernel(tmp_path), exe=EXE)
     before = files_under(tmp_path)
-    report = uninstall_system(Host(tmp_path), dry_run=True)
+    report = uninstall_system(tree_kernel(tmp_path), dry_run=True)
     assert set(actions(report).values()) == {"remove"}
     assert files_under(tmp_path) == before
 
 
 def test_reinstall_updates_ours_and_keeps_changed(tmp_path: Path) -> None:
-    install_system(Host(tmp_path), exe=EXE)
+    install_system(tree_kernel(tmp_path), exe=EXE)
     changed = tmp_path / PROFILES_DIR.lstrip("/") / "shared-host.toml"
     changed.write_text(changed.read_text() + "# the admin's edit\n")
-    report = install_system(Host(tmp_path), exe="/usr/local/bin/gputuned")  # another venv
+    report = install_system(tree_kernel(tmp_path), exe="/usr/local/bin/gputuned")  # another venv
     acts = actions(report)
     assert acts[UNIT] == "update"  # ours, unchanged since: replaced
     assert acts[f"{PROFILES_DIR}/shared-host.toml"] == "keep"
@@ -105,21 +107,21 @@ def test_a_file_gputuned_did_not_install_is_never_replaced(tmp_path: Path) -> No
     mine = tmp_path / RULE.lstrip("/")
     mine.parent.mkdir(parents=True)
     mine.write_text("# the admin's own rule\n")
-    report = install_system(Host(tmp_path), exe=EXE)
+    report = install_system(tree_kernel(tmp_path), exe=EXE)
     assert actions(report)[RULE] == "keep"
     assert mine.read_text() == "# the admin's own rule\n"
-    uninstall_system(Host(tmp_path))
+    uninstall_system(tree_kernel(tmp_path))
     assert mine.read_text() == "# the admin's own rule\n"  # not in the record: not removed
 
 
 def test_uninstall_removes_exactly_what_it_installed(tmp_path: Path) -> None:
     own = tmp_path / PROFILES_DIR.lstrip("/") / "mine.toml"
-    install_system(Host(tmp_path), exe=EXE)
+    install_system(tree_kernel(tmp_path), exe=EXE)
     own.write_text('name = "mine"\n')
     changed = tmp_path / PROFILES_DIR.lstrip("/") / "latency-critical.toml"
     changed.write_text("# rewritten\n")
     (tmp_path / RULE.lstrip("/")).unlink()
-    report = uninstall_system(Host(tmp_path))
+    report = uninstall_system(tree_kernel(tmp_path))
     acts = actions(report)
     assert acts[UNIT] == "remove"
     assert acts[RULE] == "gone"
@@ -133,16 +135,16 @@ def test_uninstall_removes_exactly_what_it_installed(tmp_path: Path) -> None:
 
 
 def test_uninstall_removes_empty_folders_and_nothing_else(tmp_path: Path) -> None:
-    install_system(Host(tmp_path), exe=EXE)
-    uninstall_system(Host(tmp_path))
+    install_system(tree_kernel(tmp_path), exe=EXE)
+    uninstall_system(tree_kernel(tmp_path))
     assert not (tmp_path / "etc/gputuned").exists()
     assert (tmp_path / "etc/systemd/system").is_dir()  # not ours to remove
-    report = uninstall_system(Host(tmp_path))
+    report = uninstall_system(tree_kernel(tmp_path))
     assert report.files == [] and report.steps[0].result == "skipped"
 
 
 def test_files_no_longer_shipped_are_removed_on_reinstall(tmp_path: Path) -> None:
-    install_system(Host(tmp_path), exe=EXE)
+    install_system(tree_kernel(tmp_path), exe=EXE)
     old = f"{PROFILES_DIR}/retired.toml"
     (tmp_path / old.lstrip("/")).write_text("old\n")
     record_path = tmp_path / RECORD.lstrip("/")
@@ -151,7 +153,7 @@ def test_files_no_longer_shipped_are_removed_on_reinstall(tmp_path: Path) -> Non
 
     record["files"].append({"path": old, "sha256": hashlib.sha256(b"old\n").hexdigest()})
     record_path.write_text(json.dumps(record))
-    report = install_system(Host(tmp_path), exe=EXE)
+    report = install_system(tree_kernel(tmp_path), exe=EXE)
     assert actions(report)[old] == "remove"
     assert not (tmp_path / old.lstrip("/")).exists()
 
@@ -162,7 +164,7 @@ def test_damaged_record_changes_nothing(tmp_path: Path) -> None:
     record.write_text("{not json")
     record.chmod(0o600)
     with pytest.raises(errors.GputunedError, match="is not what install-system writes"):
-        uninstall_system(Host(tmp_path))
+        uninstall_system(tree_kernel(tmp_path))
     assert files_under(tmp_path) == {RECORD: b"{not json"}
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, read_state, revert_all
 from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.profile import load_profile, parse_profile
-from gputuned.verify import verify_plan
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.profile.load import load_profile, parse_profile
 from tests.fakeproc import add_process
+from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, tree_copy
 
 PID = 700
@@ -93,26 +93,26 @@ def test_coordinate_bans_partition_cpus_and_gpu_irqs_then_reverts(
 ) -> None:
     root, fake = tree
     prof = load_profile(PROFILES / "shared-host.toml")
-    plan = plan_profile(Host(root), prof)
+    plan = plan_profile(tree_kernel(root), prof)
     got = {c.target: (c.current, c.wanted) for c in plan.changes if c.kind == "irqbalance"}
     assert got == {
         f"irqbalance (PID {PID}) banned cpus": ("-", "1-15"),
         f"irqbalance (PID {PID}) banned irqs": ("-", "42 43 44 45 46 47 48 49"),
     }
-    _, report = apply_profile(Host(root), prof)
+    _, report = apply_profile(tree_kernel(root), prof)
     assert report.failed == []
     assert format_cpulist(fake.banned) == "1-15"
     assert fake.irqs == tuple(range(42, 50))
     assert "settings cpus 1-15" in fake.log
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert rep.exit_code == 0 and rep.count("drifted") == 0
     fake.banned = frozenset({3})  # someone changed irqbalance's settings behind our back
-    rep = verify_plan(plan_profile(Host(root), prof), read_state(Host(root)))
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
     assert [ln.target for ln in rep.lines if ln.status == "drifted"] == [
         f"irqbalance (PID {PID}) banned cpus"
     ]
     fake.banned = parse_cpulist("1-15")
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert fake.banned == frozenset() and fake.irqs == ()
     settings = [m for m in fake.log if m.startswith("settings")]
     assert settings[-2:] == ["settings ban irqs NONE", "settings cpus NULL"]
@@ -128,7 +128,7 @@ def test_report_mode_states_the_conflict(tree: tuple[Path, FakeIrqbalance]) -> N
         },
         "t",
     )
-    plan = plan_profile(Host(root), prof)
+    plan = plan_profile(tree_kernel(root), prof)
     (r,) = [r for r in plan.refused if r.target == "irqbalance"]
     assert r.reason.startswith(f"irqbalance runs (PID {PID}) and will move IRQs back")
     assert fake.log == []
@@ -137,6 +137,6 @@ def test_report_mode_states_the_conflict(tree: tuple[Path, FakeIrqbalance]) -> N
 def test_dead_socket_is_reported_not_fatal(tree: tuple[Path, FakeIrqbalance]) -> None:
     root, fake = tree
     fake.close()
-    plan = plan_profile(Host(root), load_profile(PROFILES / "shared-host.toml"))
+    plan = plan_profile(tree_kernel(root), load_profile(PROFILES / "shared-host.toml"))
     (r,) = [r for r in plan.refused if r.target == "irqbalance"]
     assert "its socket did not answer" in r.reason

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gputuned.apply import apply_profile, revert_all
-from gputuned.host import Host
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.store.state import JOURNAL
+from tests.faults import tree_kernel
 from tests.unit.test_apply import digest, full_profile, tree_copy
 
 GPU_CONFIG = "/sys/devices/pci0000:00/0000:00:06.0/config"
@@ -65,7 +65,7 @@ def test_a_crafted_entry_is_refused_and_reported(tmp_path: Path, name: str) -> N
     before = digest(root)
     journal = craft(root, [CRAFTED[name]])
     text = journal.read_text()
-    report = revert_all(Host(root))
+    report = revert_all(tree_kernel(root))
     assert digest(root) == before, "nothing written"
     assert (root / "etc/passwd").read_text() == "root:x:0:0::/root:/bin/bash\n"
     assert not (root / "etc/cron.d").exists() and not (root / "etc/ssh").exists()
@@ -77,11 +77,11 @@ def test_a_crafted_entry_is_refused_and_reported(tmp_path: Path, name: str) -> N
 def test_refused_lines_do_not_stop_the_others(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path)
     before = digest(root)
-    apply_profile(Host(root), full_profile())
+    apply_profile(tree_kernel(root), full_profile())
     good = (root / JOURNAL.lstrip("/")).read_text()
     bad = json.dumps({"v": 1, "op": "save", "entry": CRAFTED["sysfs-etc"]})
     (root / JOURNAL.lstrip("/")).write_text(bad + "\n" + good)
-    report = revert_all(Host(root))
+    report = revert_all(tree_kernel(root))
     assert digest(root) == before, "every real entry restored"
     assert len(report.failed) == 1 and report.restored
 
@@ -89,7 +89,7 @@ def test_refused_lines_do_not_stop_the_others(tmp_path: Path) -> None:
 def test_every_entry_apply_makes_passes(tmp_path: Path) -> None:
     for tree in ("h200-captured", "dual-socket-8gpu", "degraded-link"):
         root = tree_copy(tree, tmp_path / tree)
-        apply_profile(Host(root), full_profile())
-        journal = Journal(Host(root))
+        apply_profile(tree_kernel(root), full_profile())
+        journal = Journal(tree_kernel(root))
         assert journal.rejected == [] and len(journal) > 10, tree
-        assert revert_all(Host(root)).failed == []
+        assert revert_all(tree_kernel(root)).failed == []

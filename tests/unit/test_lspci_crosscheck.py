@@ -2,7 +2,7 @@
 
 Every function of every tree is written out in the dump format ``lspci -xxxx`` prints, read
 back with ``lspci -vv -nn -D -F <dump>`` (pciutils), and each field lspci decodes is compared
-with ``gputuned.host.pciconfig``: identity, port type, DevCap/DevCtl payload sizes, LnkCap,
+with ``gputuned.kernel.pciconfig``: identity, port type, DevCap/DevCtl payload sizes, LnkCap,
 LnkCtl ASPM and LnkSta. lspci is a test dependency (``scripts/test`` installs it); without it
 this module fails rather than skips, because a skipped cross-check looks like a passing one.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.fs import Host
-from gputuned.host.pci import PciDevice, scan
+from gputuned.kernel.pci import PciDevice, scan
+from tests.faults import FaultKernel, tree_kernel
 
 HOSTS = Path(__file__).resolve().parents[1] / "data" / "hosts"
 
@@ -91,7 +91,7 @@ def lspci_path() -> str:
     return path
 
 
-def render_dump(host: Host, devices: list[PciDevice]) -> str:
+def render_dump(host: FaultKernel, devices: list[PciDevice]) -> str:
     """The text ``lspci -xxxx`` prints: a header line per function, then "off: hh ..." lines.
 
     The bytes are the tree's own (its config files' first 256), not what gputuned read:
@@ -224,7 +224,7 @@ def test_every_tree_has_a_count() -> None:
 
 @pytest.mark.parametrize("tree", sorted(PCIE_FUNCTIONS))
 def test_lspci_agrees_with_gputuned(tree: str, tmp_path: Path) -> None:
-    host = Host(HOSTS / tree)
+    host = tree_kernel(HOSTS / tree)
     topo = scan(host)
     devices = list(topo.devices.values())
     assert len(devices) == ALL_FUNCTIONS[tree]

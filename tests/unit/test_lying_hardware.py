@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from gputuned import cli
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.pciconfig import CAP_EXP, DEVCAP, DEVCTL, parse_config
-from gputuned.inspect import inspect
-from gputuned.profile import parse_profile
+from gputuned.cli import main as cli
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.pciconfig import CAP_EXP, DEVCAP, DEVCTL, parse_config
+from gputuned.profile.load import parse_profile
+from tests.faults import tree_kernel
 from tests.unit.test_apply import tree_copy
 
 GPU = "0000:03:00.0"  # the first of the eight GPUs of dual-socket-8gpu
@@ -81,7 +81,7 @@ def test_reserved_mps_is_unreadable_for_that_device_only(
 ) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
     set_field(root, GPU, reg, mask, shift, 7)
-    data = inspect(Host(root))
+    data = inspect(tree_kernel(root))
     devs = by_bdf(data)
     assert data["gpu_count"] == 8 and len(devs) == 8, "one bad function hides no other device"
     bad = devs[GPU]
@@ -95,10 +95,10 @@ def test_reserved_mps_is_unreadable_for_that_device_only(
 def test_reserved_mps_on_a_port_is_named_on_the_gpu_below_it(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
     set_field(root, SWITCH_PORT, DEVCAP, 0x7, 0, 6)
-    devs = by_bdf(inspect(Host(root)))
+    devs = by_bdf(inspect(tree_kernel(root)))
     assert devs[GPU]["mps"]["path_max"] is None
     assert f"{SWITCH_PORT} DevCap Max_Payload_Size unreadable" in messages(devs[GPU])
-    plan = plan_profile(Host(root), parse_profile(PAYLOAD, "t"))
+    plan = plan_profile(tree_kernel(root), parse_profile(PAYLOAD, "t"))
     refused = {r.target: r.reason for r in plan.refused}
     assert "DevCap Max_Payload_Size unreadable" in refused[f"{GPU} MPS"]
     assert not any(c.key == f"pcie:{GPU}:MPS" for c in plan.settings)
@@ -109,7 +109,7 @@ def test_reserved_mps_on_a_port_is_named_on_the_gpu_below_it(tmp_path: Path) -> 
 def test_reserved_mrrs_is_refused_not_a_placeholder(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
     set_field(root, GPU, DEVCTL, 0x7000, 12, 7)
-    plan = plan_profile(Host(root), parse_profile(PAYLOAD, "t"))
+    plan = plan_profile(tree_kernel(root), parse_profile(PAYLOAD, "t"))
     assert not any(c.key == f"pcie:{GPU}:MRRS" for c in plan.settings), "no 'MRRS 0 -> 4096'"
     assert all(c.current not in ("0", "None") for c in plan.settings if c.kind == "pcie")
     refused = {r.target: r.reason for r in plan.refused}
@@ -146,12 +146,12 @@ def test_gpu_reading_all_ones_is_not_responding_not_dropped(
     root = tree_copy("h200-vm", tmp_path, server=False)
     path = config_path(root, "0000:00:06.0")
     path.write_bytes(b"\xff" * len(path.read_bytes()))
-    data = inspect(Host(root))
+    data = inspect(tree_kernel(root))
     assert data["gpu_count"] == 1
     (gpu,) = data["devices"]
     assert gpu["vendor"] == "0x10de" and gpu["class"] == "0x030200"  # from sysfs
     assert "not responding" in messages(gpu) and "all-ones" in messages(gpu)
-    plan = plan_profile(Host(root), parse_profile(PAYLOAD, "t"))
+    plan = plan_profile(tree_kernel(root), parse_profile(PAYLOAD, "t"))
     refused = {r.target: r.reason for r in plan.refused}
     assert "not responding" in refused["0000:00:06.0 MRRS"]
     assert not [c for c in plan.settings if c.kind == "pcie"]
@@ -168,11 +168,11 @@ def test_header_only_config_says_run_as_root(
     root = tree_copy("h200-vm", tmp_path, server=False)
     path = config_path(root, "0000:00:06.0")
     path.write_bytes(path.read_bytes()[:64])
-    (gpu,) = inspect(Host(root))["devices"]
+    (gpu,) = inspect(tree_kernel(root))["devices"]
     assert "run as root to read config space" in messages(gpu)
     code, out, err = run_cli(capsys, "inspect", "--root", str(root))
     assert code == 0 and "run as root to read config space" in " ".join(out.split()), err
-    plan = plan_profile(Host(root), parse_profile(PAYLOAD, "t"))
+    plan = plan_profile(tree_kernel(root), parse_profile(PAYLOAD, "t"))
     refused = {r.target: r.reason for r in plan.refused}
     assert "run as root to read config space" in refused["0000:00:06.0 MRRS"]
 
@@ -184,7 +184,7 @@ def test_config_shorter_than_the_header_is_a_finding(tmp_path: Path) -> None:
     root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
     path = config_path(root, GPU)
     path.write_bytes(path.read_bytes()[:12])
-    devs = by_bdf(inspect(Host(root)))
+    devs = by_bdf(inspect(tree_kernel(root)))
     assert len(devs) == 8
     assert "config space is 12 bytes" in messages(devs[GPU])
 
@@ -196,7 +196,7 @@ def test_pcie_capability_past_the_end_is_a_finding(tmp_path: Path) -> None:
     raw[0x34] = 0xFC  # the capability list now starts with a PCIe capability at 0xfc
     raw[0xFC:0x100] = bytes([CAP_EXP, 0x00, 0x02, 0x00])
     path.write_bytes(bytes(raw))
-    (gpu,) = inspect(Host(root))["devices"]
+    (gpu,) = inspect(tree_kernel(root))["devices"]
     assert "PCI Express capability at 0xfc unreadable: runs past the end" in messages(gpu)
 
 
@@ -207,7 +207,7 @@ def test_gpu_not_responding_keeps_its_link_aspm(tmp_path: Path) -> None:
     path = config_path(root, GPU)
     path.write_bytes(b"\xff" * len(path.read_bytes()))
     prof = parse_profile({"name": "links", "pcie_aspm": {"gpu_links": "disable"}}, "t")
-    plan = plan_profile(Host(root), prof)
+    plan = plan_profile(tree_kernel(root), prof)
     refused = {r.target: r.reason for r in plan.refused}
     assert refused[f"{GPU} link"].startswith("not responding: config space reads all-ones")
     assert not any(c.target.startswith(GPU) for c in plan.settings)
@@ -224,7 +224,7 @@ def test_read_cut_short_inside_the_pcie_registers_is_not_decoded_as_zeros(
     at = pcie_offset(bytes(raw))
     raw[at + 1] = 0  # the last capability in the list: nothing past it is looked for
     path.write_bytes(bytes(raw[: at + DEVCTL]))  # DevCap can be read, DevCtl on cannot
-    (gpu,) = inspect(Host(root))["devices"]
+    (gpu,) = inspect(tree_kernel(root))["devices"]
     assert gpu["mps"] is None and "the device cut the read short" in messages(gpu)
 
 
@@ -236,6 +236,6 @@ def test_inspect_all_lists_a_function_whose_pcie_capability_became_unreadable(
     root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
     path = config_path(root, "0000:81:00.0")  # a switch's upstream port
     path.write_bytes(path.read_bytes()[:64])
-    devs = by_bdf(inspect(Host(root), all_functions=True))
+    devs = by_bdf(inspect(tree_kernel(root), all_functions=True))
     assert "run as root to read config space" in messages(devs["0000:81:00.0"])
     assert len(devs) == 24

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.cli import build_parser
-from gputuned.manpages import _subcommands, write_all
-from gputuned.profile import Profile
+from gputuned.cli.main import build_parser
+from gputuned.cli.manpages import _subcommands, write_all
+from gputuned.profile.model import Profile
 
 
 @pytest.fixture(scope="module")

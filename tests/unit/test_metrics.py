@@ -20,19 +20,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gputuned import errors
-from gputuned.host.fs import Host
-from gputuned.host.httpmetrics import (
+from gputuned.engine.metrics import Exposition, add_verify, daemon_metrics, escape_label
+from gputuned.engine.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
+from gputuned.service.httpmetrics import (
     CONTENT_TYPE,
     IDLE_TIMEOUT_S,
     MAX_CLIENTS,
     Allowed,
     MetricsServer,
 )
-from gputuned.host.loop import Loop
-from gputuned.metrics import Exposition, add_verify, daemon_metrics, escape_label
-from gputuned.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
+from gputuned.service.loop import Loop
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process
+from tests.faults import tree_kernel
 from tests.unit.test_top import set_counters, set_interrupts
 
 SAMPLE = re.compile(
@@ -116,8 +116,8 @@ def status(**over: Any) -> dict[str, Any]:
 
 
 def test_daemon_metrics_from_a_tree(tree: Path) -> None:
-    host = Host(tree)
-    host.meta["nvml"] = [
+    host = tree_kernel(tree)
+    host.recorded_nvml = [
         {"index": 0, "bdf": "0000:00:05.0", "name": "NVIDIA H200", "utilization_gpu": 87, "pids": [4242]}
     ]  # fmt: skip
     fams = parse(daemon_metrics(host, status()))
@@ -144,18 +144,20 @@ def test_daemon_metrics_from_a_tree(tree: Path) -> None:
 
 
 def test_daemon_metrics_idle_and_with_a_verify_time(tree: Path) -> None:
-    fams = parse(daemon_metrics(Host(tree), status(placed=[], registered={}, verified_at=12.5)))
+    fams = parse(
+        daemon_metrics(tree_kernel(tree), status(placed=[], registered={}, verified_at=12.5))
+    )
     assert fams["gputuned_verify_timestamp_seconds"] == [('{profile="shared-host"}', 12.5)]
     assert "gputuned_process_threads" not in fams  # no samples, no family
     fams = parse(
-        daemon_metrics(Host(tree), {"daemon": {"version": "0.1.0"}, "active_profile": None})
+        daemon_metrics(tree_kernel(tree), {"daemon": {"version": "0.1.0"}, "active_profile": None})
     )
     assert fams["gputuned_info"] == [('{version="0.1.0",profile=""}', 1.0)]
     assert "gputuned_settings" not in fams
 
 
 def test_prometheus_client_parses_it(tree: Path) -> None:
-    text = daemon_metrics(Host(tree), status())
+    text = daemon_metrics(tree_kernel(tree), status())
     names = {f.name for f in text_string_to_metric_families(text)}
     assert "gputuned_process_runqueue_wait_seconds" in names  # the parser drops _total
 
@@ -333,7 +335,7 @@ def test_remote_clients_by_network() -> None:
 
 
 def test_sock_diag_names_the_owner_of_a_local_connection() -> None:
-    from gputuned.host.sockdiag import tcp_owner
+    from gputuned.service.sockdiag import tcp_owner
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

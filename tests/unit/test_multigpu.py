@@ -10,16 +10,18 @@ from typing import Any
 
 import pytest
 
-from gputuned import cli, errors
-from gputuned.apply import ApplyError, apply_profile, revert_all
+from gputuned import errors
+from gputuned.cli import main as cli
 from gputuned.cpulist import format_mask, parse_cpulist
-from gputuned.engine import PlanResult, plan_profile
-from gputuned.host import Host
-from gputuned.host.pci import scan
-from gputuned.inspect import inspect
-from gputuned.profile import Profile, load_profile, parse_profile
+from gputuned.engine.apply import ApplyError, apply_profile, revert_all
+from gputuned.engine.inspect import inspect
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.kernel.pci import scan
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
+from tests.faults import tree_kernel
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, digest
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
@@ -39,7 +41,7 @@ def shipped(name: str) -> Profile:
 
 def plan(tree: str | Path, profile: Profile, **kw: Any) -> PlanResult:
     root = TREES_DIR / tree if isinstance(tree, str) else tree
-    return plan_profile(Host(root), profile, **kw)
+    return plan_profile(tree_kernel(root), profile, **kw)
 
 
 def node_cpus(tree: str) -> dict[int, frozenset[int]]:
@@ -55,7 +57,9 @@ def gpu_vectors(tree: str | Path) -> dict[int, tuple[str, frozenset[int]]]:
     """IRQ -> (GPU BDF, its local CPUs), from sysfs (msi_irqs, local_cpulist)."""
     root = TREES_DIR / tree if isinstance(tree, str) else tree
     return {
-        i.irq: (g.bdf, g.local_cpus or frozenset()) for g in scan(Host(root)).gpus() for i in g.irqs
+        i.irq: (g.bdf, g.local_cpus or frozenset())
+        for g in scan(tree_kernel(root)).gpus()
+        for i in g.irqs
     }
 
 
@@ -322,7 +326,7 @@ def partition_profile(partitions: str, hk: dict[str, Any] | None = None) -> Prof
 def test_a_partition_per_node_is_made_read_back_and_reverted(tmp_path: Path) -> None:
     root = copy("dual-socket-8gpu", tmp_path)
     before = digest(root)
-    result, report = apply_profile(Host(root), partition_profile("node"))
+    result, report = apply_profile(tree_kernel(root), partition_profile("node"))
     assert report.failed == []
     cg = root / "sys/fs/cgroup"
     for node, cpus in ((0, "1-15,33-47"), (1, "17-31,49-63")):
@@ -334,7 +338,7 @@ def test_a_partition_per_node_is_made_read_back_and_reverted(tmp_path: Path) -> 
         "gputuned.inference.node0",
         "gputuned.inference.node1",
     ]
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
 
@@ -343,14 +347,14 @@ def test_each_partition_is_read_back_and_an_invalid_one_is_reported(tmp_path: Pa
     partition "isolated invalid (Parent is not a partition root)": apply says which and why,
     and puts everything back."""
     root = copy("dual-socket-8gpu", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir("/sys/fs/cgroup/m")
     host.write_text("/sys/fs/cgroup/m/cgroup.subtree_control", "+cpuset")
     before = digest(root)
     data = partition_profile("node").model_dump(exclude_none=True)
     data["cpuset"]["cgroup"] = "m/gputuned"
     with pytest.raises(ApplyError) as info:
-        apply_profile(Host(root), parse_profile(data, "test"))
+        apply_profile(tree_kernel(root), parse_profile(data, "test"))
     msg = str(info.value)
     assert "m/gputuned.node0 cpuset.cpus.partition" in msg
     assert "isolated invalid (Parent is not a partition root)" in msg
@@ -371,7 +375,7 @@ def test_a_partition_per_gpu(tmp_path: Path) -> None:
         "gputuned.inference.gpu7 cpuset.cpus": "29-31,61-63",
     }
     root = copy("dual-socket-8gpu", tmp_path)
-    _, report = apply_profile(Host(root), partition_profile("gpu"))
+    _, report = apply_profile(tree_kernel(root), partition_profile("gpu"))
     assert report.failed == []
     part = root / "sys/fs/cgroup/gputuned.inference.gpu7/cpuset.cpus.partition"
     assert part.read_text().strip() == "isolated"
@@ -398,7 +402,7 @@ def test_a_layout_without_housekeeping_on_a_node_is_refused_in_plan() -> None:
 
 
 def test_inspect_shows_each_gpus_node_local_cpus_and_smt() -> None:
-    topo = inspect(Host(TREES_DIR / "dual-socket-8gpu"))["topology"]
+    topo = inspect(tree_kernel(TREES_DIR / "dual-socket-8gpu"))["topology"]
     assert topo["smt"] == "2 threads per core, siblings N and N+32"
     assert [(n["node"], n["cpus"], n["cores"], n["gpus"]) for n in topo["nodes"]] == [
         (0, "0-15,32-47", "16 cores", [0, 1, 2, 3]),
@@ -412,14 +416,14 @@ def test_inspect_shows_each_gpus_node_local_cpus_and_smt() -> None:
         "16 cores",
     )
     assert g4["nvml_cpu_affinity"] is None and g4["findings"] == []
-    one = inspect(Host(TREES_DIR / "h200-vm"))["topology"]
+    one = inspect(tree_kernel(TREES_DIR / "h200-vm"))["topology"]
     assert one["smt"] == "unknown (no topology/thread_siblings_list): each CPU counted as a core"
 
 
 def with_nvml(root: Path, affinities: list[str]) -> None:
     meta_path = root / "gputuned-tree.json"
     meta = json.loads(meta_path.read_text())
-    bdfs = [g.bdf for g in scan(Host(root)).gpus()]
+    bdfs = [g.bdf for g in scan(tree_kernel(root)).gpus()]
     meta["nvml"] = [
         {"index": i, "bdf": b, "name": "NVIDIA H200", "pids": [], "cpu_affinity": a}
         for i, (b, a) in enumerate(zip(bdfs, affinities, strict=True))
@@ -432,7 +436,7 @@ def test_nvml_affinity_that_disagrees_with_sysfs_is_a_finding(
 ) -> None:
     root = copy("two-gpu-one-node", tmp_path)
     with_nvml(root, ["0-15", "0-7"])
-    topo = inspect(Host(root))["topology"]
+    topo = inspect(tree_kernel(root))["topology"]
     assert topo["nvml"] is True
     assert [g["nvml_cpu_affinity"] for g in topo["gpus"]] == ["0-15", "0-7"]
     assert topo["gpus"][0]["findings"] == []
@@ -465,6 +469,6 @@ def test_a_gpu_without_numa_node_does_not_take_a_nodes_cores(tmp_path: Path) -> 
     assert "cpusets.inference: GPU 4 (local CPUs 0-63): no core left for them" in " ".join(
         result.notes
     )
-    topo = inspect(Host(root))["topology"]
+    topo = inspect(tree_kernel(root))["topology"]
     (finding,) = topo["gpus"][4]["findings"]
     assert finding["message"].startswith("local CPUs 0-63 span NUMA nodes (sysfs numa_node -1)")

@@ -1,4 +1,4 @@
-"""gputuned.host.pci on every tree, against values written out by hand.
+"""gputuned.kernel.pci on every tree, against values written out by hand.
 
 The expected values below were read off the trees' sources (the captures in shared/hosts and
 the register edits in tests/data/build_trees.py), not computed by gputuned: if the parser or
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.host.fs import Fault, Host
-from gputuned.host.pci import ASPM_POLICY, read_aspm_policy, read_cmdline, scan
-from gputuned.host.pciconfig import CAP_EXP, parse_config, read_registers
+from gputuned.kernel.pci import ASPM_POLICY, read_aspm_policy, read_cmdline, scan
+from gputuned.kernel.pciconfig import CAP_EXP, parse_config, read_registers
 from tests.conftest import ALL_TREES
+from tests.faults import FaultKernel, tree_kernel
 
 HOSTS = Path(__file__).resolve().parents[1] / "data" / "hosts"
 
@@ -399,8 +399,8 @@ EXPECTED: dict[str, dict[str, Fn]] = {
 CASES = [(tree, bdf) for tree, fns in EXPECTED.items() for bdf in fns]
 
 
-def host(tree: str) -> Host:
-    return Host(HOSTS / tree)
+def host(tree: str) -> FaultKernel:
+    return tree_kernel(HOSTS / tree)
 
 
 def test_every_tree_on_disk_has_a_table() -> None:
@@ -470,7 +470,7 @@ def test_gpus(tree: str) -> None:
     assert [g.bdf for g in scan(host(tree)).gpus()] == GPUS[tree]
 
 
-def test_h200_vm_gpu(tree_host: Callable[[str], Host]) -> None:
+def test_h200_vm_gpu(tree_host: Callable[[str], FaultKernel]) -> None:
     """The lent H200 as measured: Gen5 x16 of Gen5 x16, MPS 256 of 256, MRRS 4096, L1 off."""
     topo = scan(tree_host("h200-vm"))
     (g,) = topo.gpus()
@@ -540,9 +540,7 @@ WRITE_ERRORS = {
 
 @pytest.mark.parametrize("tree", sorted(WRITE_ERRORS))
 def test_write_errors_recorded(tree: str) -> None:
-    assert set(host(tree).faults) == {
-        Fault(p, "write", errno.EPERM, recorded=True) for p in WRITE_ERRORS[tree]
-    }
+    assert host(tree).recorded_refusals == dict.fromkeys(WRITE_ERRORS[tree], errno.EPERM)
 
 
 def _configs() -> list[tuple[str, Path]]:
@@ -627,7 +625,7 @@ def test_read_bytes_asks_the_kernel_for_the_size_given(tmp_path: Path) -> None:
     fd = os.open(fifo, os.O_RDWR)  # a writer that stays, so opening for read does not block
     try:
         os.write(fd, bytes(range(16)))
-        assert Host(tmp_path).read_bytes("/config", 0, 4) == bytes(range(4))
+        assert tree_kernel(tmp_path).read_bytes("/config", 0, 4) == bytes(range(4))
         os.set_blocking(fd, False)
         assert os.read(fd, 64) == bytes(range(4, 16))
     finally:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host, WriteRecord, procctl
-from gputuned.host.proc import ThreadInfo, read_process
+from gputuned.kernel import tasks as procctl
+from gputuned.kernel.proc import ThreadInfo, read_process
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process
+from tests.faults import FaultKernel, WriteRecord, tree_kernel
 from tests.unit.test_treekernel import digest
 
 PID = 4242
@@ -21,7 +22,7 @@ THREADS = [4243, 4244]
 CG = "/sys/fs/cgroup"
 
 
-def setup(tmp_path: Path, name: str = "h200-captured", **kw: object) -> tuple[Path, Host]:
+def setup(tmp_path: Path, name: str = "h200-captured", **kw: object) -> tuple[Path, FaultKernel]:
     root = tmp_path / name
     shutil.copytree(TREES_DIR / name, root, symlinks=True)
     add_process(
@@ -34,10 +35,10 @@ def setup(tmp_path: Path, name: str = "h200-captured", **kw: object) -> tuple[Pa
         threads=THREADS,
         **kw,  # type: ignore[arg-type]
     )
-    return root, Host(root)
+    return root, tree_kernel(root)
 
 
-def thread(host: Host, tid: int) -> ThreadInfo:
+def thread(host: FaultKernel, tid: int) -> ThreadInfo:
     (t,) = [t for t in read_process(host, PID).threads if t.tid == tid]
     return t
 

@@ -24,18 +24,18 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.apply import apply_profile, revert_all
-from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.control import PeerCred
-from gputuned.host.fs import translate
-from gputuned.host.proc import read_process
-from gputuned.host.procwatch import ProcEvent
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
-from gputuned.profile import load_profile, parse_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.oserrors import translate
+from gputuned.kernel.proc import read_process
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.service.control import PeerCred
+from gputuned.service.procwatch import ProcEvent
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_process, remove_process
+from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import SERVER_UID, digest, tree_copy
 from tests.unit.test_daemon import profile_file
 
@@ -139,7 +139,7 @@ def vllm_tree(root: Path, *, inherited: bool = False, cgroup: str = HOME) -> Non
 
 def state(root: Path, pid: int) -> tuple[str, set[int], set[frozenset[int]]]:
     """(cgroup, nice of every thread, CPUs of every thread)."""
-    p = read_process(Host(root), pid)
+    p = read_process(tree_kernel(root), pid)
     return p.cgroup, {t.nice for t in p.threads}, {t.affinity for t in p.threads}
 
 
@@ -148,14 +148,16 @@ UNTUNED = (HOME, {0}, {ALL})
 
 
 def journaled_pids(root: Path) -> set[int]:
-    return {int(e.op.data["pid"]) for e in Journal(Host(root)).entries() if "pid" in e.op.data}
+    return {
+        int(e.op.data["pid"]) for e in Journal(tree_kernel(root)).entries() if "pid" in e.op.data
+    }
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> tuple[Daemon, Path]:
     """A daemon on a tree with no server yet (each test starts and stops it)."""
     root = tree_copy("h200-captured", tmp_path, server=False)
-    return Daemon(Host(root), profile_path=profile_file(tmp_path)), root
+    return Daemon(tree_kernel(root), profile_path=profile_file(tmp_path)), root
 
 
 def feed(d: Daemon, *events: ProcEvent) -> None:
@@ -174,16 +176,16 @@ def test_tree_first_apply_places_every_descendant_and_revert_is_exact(tmp_path: 
     vllm_tree(root)
     before = digest(root)
     prof = load_profile(profile_file(tmp_path))
-    plan, report = apply_profile(Host(root), prof)
+    plan, report = apply_profile(tree_kernel(root), prof)
     assert report.failed == []
     for pid in (API, CORE, WORKER, TRACKER):
         assert state(root, pid) == PLACED, pid
     assert journaled_pids(root) == {API, CORE, WORKER, TRACKER}
     assert any("placed only while the daemon (gputuned) runs" in n for n in plan.notes)
     # Re-planning finds the tree again (a child's claim comes from its parent, not its name).
-    again = plan_profile(Host(root), prof)
+    again = plan_profile(tree_kernel(root), prof)
     assert again.changes == [], [c.target for c in again.changes]
-    rep = revert_all(Host(root))
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == [] and rep.notes == []
     assert digest(root) == before
 
@@ -206,7 +208,7 @@ def test_daemon_first_children_get_their_parents_originals_back(
     feed(d, ProcEvent("fork", WORKER, WORKER, CORE))
     assert set(d.placed) == {API, CORE, WORKER}
     assert d.claims[WORKER].role == "child" and d.claims[WORKER].parent == CORE
-    journal = Journal(Host(root))
+    journal = Journal(tree_kernel(root))
     for pid in (CORE, WORKER):
         olds = {e.op.kind: e.old for e in journal.entries() if e.op.data.get("pid") == pid}
         assert olds == {"nice": "0", "affinity": "cgroup-default", "proc_cgroup": HOME}, pid
@@ -263,7 +265,7 @@ def test_children_ignore_places_only_the_matched_process(tmp_path: Path) -> None
     root = tree_copy("h200-captured", tmp_path, server=False)
     prof = profile_file(tmp_path)
     prof.write_text(prof.read_text().replace('children = "follow"', 'children = "ignore"'))
-    d = Daemon(Host(root), profile_path=prof)
+    d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     api(root)
     feed(d, ProcEvent("exec", API, API))
@@ -278,10 +280,10 @@ def test_revert_puts_back_children_started_after_a_one_shot_apply(tmp_path: Path
     """No daemon watched them start: revert finds them below the placed server."""
     root = tree_copy("h200-captured", tmp_path, server=False)
     api(root)
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     child(root, CORE, API, inherited=True, threads=2)
     child(root, WORKER, CORE, inherited=True)
-    rep = revert_all(Host(root))
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == [], rep.failed
     for pid in (API, CORE, WORKER):
         assert state(root, pid) == UNTUNED, pid
@@ -293,12 +295,12 @@ def test_revert_puts_back_children_started_after_a_one_shot_apply(tmp_path: Path
 def test_revert_moves_out_what_it_did_not_place_then_removes_its_cgroup(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     api(root)
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     # Someone put a process of their own into the partition by hand.
     stranger(root)
-    rep = revert_all(Host(root))
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == [], rep.failed
-    assert read_process(Host(root), 7000).cgroup == "/"
+    assert read_process(tree_kernel(root), 7000).cgroup == "/"
     assert any("pid 7000 (bash) was still in /gputuned.inference" in n for n in rep.notes), (
         rep.notes
     )
@@ -310,11 +312,11 @@ def test_an_original_cgroup_that_is_gone_sends_the_process_to_its_nearest_ancest
 ) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     api(root, cgroup="/system.slice/inference.service")
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
-    Host(root).rmdir("/sys/fs/cgroup/system.slice/inference.service")  # the unit restarted
-    rep = revert_all(Host(root))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
+    tree_kernel(root).rmdir("/sys/fs/cgroup/system.slice/inference.service")  # the unit restarted
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == []
-    assert read_process(Host(root), API).cgroup == "/system.slice"
+    assert read_process(tree_kernel(root), API).cgroup == "/system.slice"
     assert any(
         "its cgroup /system.slice/inference.service no longer exists; moved to /system.slice" in n
         for n in rep.notes
@@ -330,19 +332,19 @@ def test_what_is_left_fails_the_revert_and_the_daemon_stop(
     feed(d, ProcEvent("exec", API, API))
     stranger(root)
     # The kernel refuses to move it out (a frozen cgroup's task, say).
-    d.host.inject("/sys/fs/cgroup/cgroup.procs", "write", errno.EBUSY)
+    d.kernel.inject("/sys/fs/cgroup/cgroup.procs", "write", errno.EBUSY)
     with caplog.at_level(logging.INFO, logger="gputuned"):
         assert d.stop() == 3
     said = caplog.text
     assert "revert cgroup gputuned.inference failed" in said
     assert "still inside: pid 7000 (bash)" in said
     assert "stopping with 3 value(s) not put back" in said, said
-    assert Journal(Host(root)).entries(), "what failed stays in the journal"
+    assert Journal(tree_kernel(root)).entries(), "what failed stays in the journal"
     assert (root / "sys/fs/cgroup/gputuned.inference").is_dir()
     # Once the kernel lets it go, gputunectl revert finishes the job.
-    rep = revert_all(Host(root))
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == [] and not (root / "sys/fs/cgroup/gputuned.inference").exists()
-    assert read_process(Host(root), 7000).cgroup == "/"
+    assert read_process(tree_kernel(root), 7000).cgroup == "/"
 
 
 def test_enospc_on_a_cpuset_says_what_holds_it() -> None:
@@ -373,7 +375,7 @@ def test_the_shipped_rules_give_other_users_processes_nothing(tmp_path: Path) ->
         uid=1000,
         cgroup=unit,
     )
-    plan = plan_profile(Host(root), load_profile(profile_file(tmp_path)))
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     procs = [c for c in plan.settings if c.tuner == "process"]
     assert procs == [], [c.target for c in procs]
 
@@ -389,23 +391,23 @@ def test_a_system_unit_is_matched_exactly_and_still_after_the_move(tmp_path: Pat
         cgroup="/system.slice/not-inference.service",
     )
     prof = load_profile(profile_file(tmp_path))
-    plan, report = apply_profile(Host(root), prof)
+    plan, report = apply_profile(tree_kernel(root), prof)
     assert report.failed == []
     assert {c.data["pid"] for c in plan.settings if c.tuner == "process"} == {API}
     assert state(root, API)[0] == PART
     # In the partition it is in no unit, but the journal knows where it came from: still
     # matched, so a re-apply keeps it placed (it does not restore it as a leftover).
-    plan2, report2 = apply_profile(Host(root), prof)
+    plan2, report2 = apply_profile(tree_kernel(root), prof)
     assert report2.written == [] and report2.restored == []
     assert {c.data["pid"] for c in plan2.settings if c.tuner == "process"} == {API}
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert state(root, API)[0] == "/system.slice/inference.service"
 
 
 def test_a_shipped_profile_on_a_host_without_its_account_is_a_note(tmp_path: Path) -> None:
     root = tree_copy("ci-vm", tmp_path, server=False)
     (root / "etc/passwd").unlink()
-    plan = plan_profile(Host(root), load_profile(profile_file(tmp_path)), allow_blocked=True)
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)), allow_blocked=True)
     assert any("no account 'inference'" in n for n in plan.notes), plan.notes
 
 
@@ -486,7 +488,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
             d._handle({"cmd": "register", **req}, peer)
     assert d.registered == {} and journaled_pids(root) == set()
     # gputuned itself
-    from gputuned import daemon as daemon_mod
+    from gputuned.daemon import control as daemon_mod
 
     real = daemon_mod._pid
     daemon_mod._pid = lambda: 6000  # type: ignore[assignment]
@@ -530,12 +532,12 @@ def test_the_journal_keeps_each_descendant_apart(tmp_path: Path) -> None:
     """Each process's originals are its own entries (keyed by its PID and start time)."""
     root = tree_copy("h200-captured", tmp_path, server=False)
     vllm_tree(root)
-    apply_profile(Host(root), load_profile(profile_file(tmp_path)))
+    apply_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     lines = [json.loads(x) for x in (root / JOURNAL.lstrip("/")).read_text().splitlines()]
     keys = {e["entry"]["key"] for e in lines if e["op"] == "save"}
     for pid in (API, CORE, WORKER, TRACKER):
-        assert f"proc_cgroup:{pid}:{read_process(Host(root), pid).start_time}" in keys
-    assert revert_all(Host(root)).failed == []
+        assert f"proc_cgroup:{pid}:{read_process(tree_kernel(root), pid).start_time}" in keys
+    assert revert_all(tree_kernel(root)).failed == []
 
 
 def test_only_candidates_are_read_past_stat_and_cmdline(
@@ -548,19 +550,19 @@ def test_only_candidates_are_read_past_stat_and_cmdline(
         python(root, 8000 + n, ["python3", "-m", "http.server"], start=80 + n)
     api(root)
     read: list[str] = []
-    real_read, real_link = Host.read_bytes, Host.readlink
+    real_read, real_link = FaultKernel.read_bytes, FaultKernel.readlink
 
-    def reading(self: Host, hpath: str, offset: int = 0, size: int = -1) -> bytes:
+    def reading(self: FaultKernel, hpath: str, offset: int = 0, size: int = -1) -> bytes:
         read.append(hpath)
         return real_read(self, hpath, offset, size)
 
-    def linking(self: Host, hpath: str) -> str:
+    def linking(self: FaultKernel, hpath: str) -> str:
         read.append(hpath)
         return real_link(self, hpath)
 
-    monkeypatch.setattr(Host, "read_bytes", reading)
-    monkeypatch.setattr(Host, "readlink", linking)
-    plan = plan_profile(Host(root), load_profile(profile_file(tmp_path)))
+    monkeypatch.setattr(FaultKernel, "read_bytes", reading)
+    monkeypatch.setattr(FaultKernel, "readlink", linking)
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
     assert {c.data["pid"] for c in plan.settings if c.tuner == "process"} == {API}
     others = [p for p in read if p.startswith("/proc/80") and not p.endswith(("/stat", "/cmdline"))]
     assert others == [], others[:5]

@@ -14,17 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.apply import apply_profile, revert_all
-from gputuned.changes import Change
-from gputuned.daemon import Daemon
-from gputuned.engine import plan_profile
-from gputuned.host import Host
-from gputuned.host.proc import read_process
-from gputuned.host.procwatch import ProcEvent
-from gputuned.journal import Journal
-from gputuned.profile import Profile, load_profile
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.changes import Change
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import plan_profile
+from gputuned.kernel.proc import read_process
+from gputuned.profile.load import load_profile
+from gputuned.profile.model import Profile
+from gputuned.service.procwatch import ProcEvent
 from gputuned.tuners.spread import Member, spread
 from tests.fakeproc import add_process, add_thread, remove_thread
+from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import PROFILES, SERVER_UID, digest, tree_copy
 from tests.unit.test_process_tree import HOME, PART, SPAWN, feed
 
@@ -85,8 +86,8 @@ def server(root: Path, pids: tuple[int, ...] = TREE) -> None:
 
 def cpus(root: Path, pids: tuple[int, ...] = TREE) -> dict[int, frozenset[int]]:
     """Every thread's CPUs, by TID."""
-    host = Host(root)
-    return {t.tid: t.affinity for pid in pids for t in read_process(host, pid).threads}
+    kernel = tree_kernel(root)
+    return {t.tid: t.affinity for pid in pids for t in read_process(kernel, pid).threads}
 
 
 def mains(root: Path, pids: tuple[int, ...] = TREE) -> dict[int, int]:
@@ -172,7 +173,7 @@ def test_apply_gives_each_process_of_the_tree_a_main_cpu_and_revert_is_exact(
     server(root)
     before = digest(root)
     dedicated(tmp_path)
-    plan, report = apply_profile(Host(root), load(tmp_path))
+    plan, report = apply_profile(tree_kernel(root), load(tmp_path))
     assert report.failed == []
     assert plan.sets["inference"] == "2-9"
     # The matched process first, then descendants by start time.
@@ -183,7 +184,7 @@ def test_apply_gives_each_process_of_the_tree_a_main_cpu_and_revert_is_exact(
         "main thread alone on 2; other threads over 8-9 (the tree's threads one CPU each over 2-9)"
     )
     assert shown[5300].wanted.startswith("main thread alone on 5; other threads over 8-9")
-    rep = revert_all(Host(root))
+    rep = revert_all(tree_kernel(root))
     assert rep.failed == []
     assert digest(root) == before
 
@@ -192,8 +193,8 @@ def test_a_replan_moves_no_thread_that_suits_its_cpu(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
     server(root)
     dedicated(tmp_path)
-    apply_profile(Host(root), load(tmp_path))
-    again = plan_profile(Host(root), load(tmp_path))
+    apply_profile(tree_kernel(root), load(tmp_path))
+    again = plan_profile(tree_kernel(root), load(tmp_path))
     assert [c.target for c in again.changes if c.tuner == "process"] == []
     placed = cpus(root)
     # A thread of one worker exits; another worker's main thread starts a thread (on its own
@@ -201,7 +202,7 @@ def test_a_replan_moves_no_thread_that_suits_its_cpu(tmp_path: Path) -> None:
     remove_thread(root, 5300, 5302)
     del placed[5302]
     add_thread(root, 5200, 5205, cpus=str(min(placed[5200])), nice=-10)
-    plan, report = apply_profile(Host(root), load(tmp_path))
+    plan, report = apply_profile(tree_kernel(root), load(tmp_path))
     assert report.failed == []
     now = cpus(root)
     assert {tid for tid in placed if now[tid] != placed[tid]} == set()
@@ -218,20 +219,22 @@ def test_a_child_that_inherited_its_parents_cpu_gets_its_own(tmp_path: Path) -> 
     server(root, (API,))
     before = digest(root)
     dedicated(tmp_path)
-    apply_profile(Host(root), load(tmp_path))
+    apply_profile(tree_kernel(root), load(tmp_path))
     api_main = mains(root, (API,))[API]
     proc(root, CORE, API, inherited=str(api_main))
-    plan = plan_profile(Host(root), load(tmp_path))
+    plan = plan_profile(tree_kernel(root), load(tmp_path))
     core = affinity_settings(plan.settings)[CORE]
     assert not core.in_sync and core.data["threads"][CORE] != str(api_main)
-    apply_profile(Host(root), load(tmp_path))
+    apply_profile(tree_kernel(root), load(tmp_path))
     assert_spread(root, (API, CORE))
     # Its original is the API server's (fork passed on the placement), and revert puts it back.
     old = {
-        e.op.data["tid"]: e.old for e in Journal(Host(root)).entries() if e.op.kind == "affinity"
+        e.op.data["tid"]: e.old
+        for e in Journal(tree_kernel(root)).entries()
+        if e.op.kind == "affinity"
     }
     assert old[CORE] == old[API] == "cgroup-default"
-    assert revert_all(Host(root)).failed == []
+    assert revert_all(tree_kernel(root)).failed == []
     assert all(c == ALL for c in cpus(root, (API, CORE)).values())
     home = f"sys/fs/cgroup{HOME}/cgroup.procs"
     assert (root / home).read_text().split() == [str(API), str(CORE)]
@@ -244,7 +247,7 @@ def test_a_child_that_inherited_its_parents_cpu_gets_its_own(tmp_path: Path) -> 
 
 def test_the_daemon_spreads_a_tree_that_arrives_one_process_at_a_time(tmp_path: Path) -> None:
     root = tree_copy("h200-captured", tmp_path, server=False)
-    d = Daemon(Host(root), profile_path=dedicated(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=dedicated(tmp_path))
     d.start()
     proc(root, API, 1)
     feed(d, ProcEvent("exec", API, API))
@@ -265,14 +268,14 @@ def test_the_daemon_spreads_a_tree_that_arrives_one_process_at_a_time(tmp_path: 
         assert all(was[tid] == {new_main} for tid in moved), "only what held its new CPU moved"
     assert set(d.placed) == set(TREE)
     # The full plans the daemon makes (drift repair, every 10th tick) and verify agree.
-    plan = plan_profile(Host(root), d.profile)  # type: ignore[arg-type]
+    plan = plan_profile(tree_kernel(root), d.profile)  # type: ignore[arg-type]
     assert [c.target for c in plan.changes if c.tuner == "process"] == []
     report = d._reapply("drift repair")
     assert report is not None and report.written == []
     assert d.last_verify["drifted"] == 0
     assert d.stop() == 0
     for pid in TREE:
-        p = read_process(Host(root), pid)
+        p = read_process(tree_kernel(root), pid)
         assert p.cgroup == HOME and {(t.nice, t.affinity) for t in p.threads} == {(0, ALL)}, pid
 
 
@@ -285,20 +288,20 @@ def test_the_daemon_places_a_late_worker_on_a_free_cpu_against_what_it_placed(
     placed reading that process alone."""
     root = tree_copy("h200-captured", tmp_path, server=False)
     server(root, TREE[:-1])
-    d = Daemon(Host(root), profile_path=dedicated(tmp_path))
+    d = Daemon(tree_kernel(root), profile_path=dedicated(tmp_path))
     d.start()
     assert mains(root, TREE[:-1]) == {API: 2, CORE: 3, 5200: 4, 5300: 5, 5400: 6}
     was = cpus(root, TREE[:-1])
     on = {c: [t for t, w in was.items() if w == {c}] for c in (7, 8, 9)}
     fewest = min(on, key=lambda c: (len(on[c]), c))
     read: list[str] = []
-    real = Host.read_bytes
+    real = FaultKernel.read_bytes
 
-    def reading(self: Host, hpath: str, offset: int = 0, size: int = -1) -> bytes:
+    def reading(self: FaultKernel, hpath: str, offset: int = 0, size: int = -1) -> bytes:
         read.append(hpath)
         return real(self, hpath, offset, size)
 
-    monkeypatch.setattr(Host, "read_bytes", reading)
+    monkeypatch.setattr(FaultKernel, "read_bytes", reading)
     proc(root, 5500, CORE, inherited="3")
     feed(d, ProcEvent("fork", 5500, 5500, CORE))
     assert_spread(root)

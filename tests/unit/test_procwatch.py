@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.host import Host
-from gputuned.host import procwatch as pw
-from gputuned.host.procwatch import OVERFLOW, ConnectorEvent, ProcEvent
+from gputuned.service import procwatch as pw
+from gputuned.service import procwire as wire
+from gputuned.service.procwatch import OVERFLOW, ProcEvent
+from gputuned.service.procwire import ConnectorEvent
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, remove_process
+from tests.faults import tree_kernel
 
 # ---- messages as the kernel lays them out ---------------------------------------------------
 
@@ -66,7 +68,7 @@ def exit_(pid: int, tgid: int, code: int, sig: int, ppid: int, ptgid: int) -> by
 
 
 def one(data: bytes) -> ConnectorEvent:
-    evs = pw.parse_datagram(data)
+    evs = wire.parse_datagram(data)
     assert len(evs) == 1
     return evs[0]
 
@@ -75,26 +77,26 @@ def one(data: bytes) -> ConnectorEvent:
 
 
 def test_constants_are_the_uapi_headers() -> None:
-    assert pw.NETLINK_CONNECTOR == 11
-    assert (pw.CN_IDX_PROC, pw.CN_VAL_PROC) == (1, 1)
-    assert (pw.PROC_CN_MCAST_LISTEN, pw.PROC_CN_MCAST_IGNORE) == (1, 2)
+    assert wire.NETLINK_CONNECTOR == 11
+    assert (wire.CN_IDX_PROC, wire.CN_VAL_PROC) == (1, 1)
+    assert (wire.PROC_CN_MCAST_LISTEN, wire.PROC_CN_MCAST_IGNORE) == (1, 2)
     assert [
-        pw.PROC_EVENT_NONE,
-        pw.PROC_EVENT_FORK,
-        pw.PROC_EVENT_EXEC,
-        pw.PROC_EVENT_UID,
-        pw.PROC_EVENT_GID,
-        pw.PROC_EVENT_SID,
-        pw.PROC_EVENT_PTRACE,
-        pw.PROC_EVENT_COMM,
-        pw.PROC_EVENT_NONZERO_EXIT,
-        pw.PROC_EVENT_COREDUMP,
-        pw.PROC_EVENT_EXIT,
+        wire.PROC_EVENT_NONE,
+        wire.PROC_EVENT_FORK,
+        wire.PROC_EVENT_EXEC,
+        wire.PROC_EVENT_UID,
+        wire.PROC_EVENT_GID,
+        wire.PROC_EVENT_SID,
+        wire.PROC_EVENT_PTRACE,
+        wire.PROC_EVENT_COMM,
+        wire.PROC_EVENT_NONZERO_EXIT,
+        wire.PROC_EVENT_COREDUMP,
+        wire.PROC_EVENT_EXIT,
     ] == [0, 0x1, 0x2, 0x4, 0x40, 0x80, 0x100, 0x200, 0x20000000, 0x40000000, 0x80000000]
 
 
 def test_sizes_and_offsets() -> None:
-    assert (pw.NLMSGHDR.size, pw.CN_MSG.size, pw.PROC_EVENT_SIZE) == (16, 20, 40)
+    assert (wire.NLMSGHDR.size, wire.CN_MSG.size, wire.PROC_EVENT_SIZE) == (16, 20, 40)
     data = fork(100, 100, 4243, 4242)
     assert len(data) == 76  # what a live datagram measures
     # The union starts 16 bytes into proc_event, which starts after both headers.
@@ -107,7 +109,7 @@ def test_sizes_and_offsets() -> None:
 
 def test_fork_of_a_process() -> None:
     raw = one(fork(4000, 4000, 4242, 4242))
-    assert (raw.what, raw.cpu, raw.timestamp_ns) == (pw.PROC_EVENT_FORK, 5, 987_654_321_000)
+    assert (raw.what, raw.cpu, raw.timestamp_ns) == (wire.PROC_EVENT_FORK, 5, 987_654_321_000)
     assert (raw.parent_tid, raw.parent_tgid, raw.tid, raw.tgid) == (4000, 4000, 4242, 4242)
     assert pw.to_proc_event(raw) == ProcEvent("fork", 4242, 4242, 4000)
 
@@ -120,7 +122,7 @@ def test_fork_of_a_thread_is_a_thread_event() -> None:
 
 def test_exec() -> None:
     raw = one(exec_(4242, 4242))
-    assert (raw.what, raw.tid, raw.tgid) == (pw.PROC_EVENT_EXEC, 4242, 4242)
+    assert (raw.what, raw.tid, raw.tgid) == (wire.PROC_EVENT_EXEC, 4242, 4242)
     assert pw.to_proc_event(raw) == ProcEvent("exec", 4242, 4242)
 
 
@@ -176,14 +178,14 @@ def test_coredump_keeps_its_parent() -> None:
 def test_ack() -> None:
     # cn_proc_ack(): what NONE, cpu -1 (send_msg overwrites it), ack.err, cn_msg.ack = ours + 1.
     raw = one(message(proc_event(0, struct.pack("=I", errno.EPERM), cpu=0xFFFFFFFF), ack=1235))
-    assert (raw.what, raw.err, raw.ack) == (pw.PROC_EVENT_NONE, errno.EPERM, 1235)
+    assert (raw.what, raw.err, raw.ack) == (wire.PROC_EVENT_NONE, errno.EPERM, 1235)
     assert pw.to_proc_event(raw) is None
 
 
 def test_several_messages_in_one_datagram_are_aligned() -> None:
     noop = struct.pack("=IHHII", 17, 1, 0, 0, 0) + b"\x01" + b"\0\0\0"  # len 17, NLMSG_ALIGN 20
     data = exec_(1, 1) + noop + fork(1, 1, 2, 2)
-    assert [pw.to_proc_event(e) for e in pw.parse_datagram(data)] == [
+    assert [pw.to_proc_event(e) for e in wire.parse_datagram(data)] == [
         ProcEvent("exec", 1, 1),
         ProcEvent("fork", 2, 2, 1),
     ]
@@ -191,19 +193,19 @@ def test_several_messages_in_one_datagram_are_aligned() -> None:
 
 def test_what_is_not_ours_is_skipped() -> None:
     ev = proc_event(0x2, struct.pack("=ii", 7, 7))
-    assert pw.parse_datagram(message(ev, idx=2)) == []  # CN_IDX_CIFS
-    assert pw.parse_datagram(message(ev, val=2)) == []
+    assert wire.parse_datagram(message(ev, idx=2)) == []  # CN_IDX_CIFS
+    assert wire.parse_datagram(message(ev, val=2)) == []
     err = struct.pack("=IHHIIi", 36, NLMSG_ERROR, 0, 0, 0, -errno.EINVAL) + bytes(16)
-    assert pw.parse_datagram(err) == []
-    assert pw.parse_datagram(exec_(7, 7)[:60]) == []  # truncated datagram
+    assert wire.parse_datagram(err) == []
+    assert wire.parse_datagram(exec_(7, 7)[:60]) == []  # truncated datagram
     short = message(ev)[:-8]
     short = struct.pack("=I", len(short)) + short[4:]  # consistent nlmsg_len, short cn_msg data
-    assert pw.parse_datagram(short) == []
-    assert pw.parse_datagram(b"") == []
+    assert wire.parse_datagram(short) == []
+    assert wire.parse_datagram(b"") == []
 
 
 def test_mcast_request_layout() -> None:
-    data = pw.mcast_request(pw.PROC_CN_MCAST_LISTEN, 1234)
+    data = wire.mcast_request(wire.PROC_CN_MCAST_LISTEN, 1234)
     assert len(data) == 16 + 20 + 4
     assert struct.unpack("=IHHII", data[:16]) == (40, NLMSG_DONE, 0, 0, 0)
     assert struct.unpack("=IIIIHH", data[16:36]) == (1, 1, 0, 1234, 4, 0)
@@ -275,7 +277,7 @@ def test_read_maps_events_and_reports_an_overflow_once() -> None:
     assert w.read() == []
     w.close()
     assert sock.closed
-    assert struct.unpack("=I", sock.sent[0][36:]) == (pw.PROC_CN_MCAST_IGNORE,)
+    assert struct.unpack("=I", sock.sent[0][36:]) == (wire.PROC_CN_MCAST_IGNORE,)
     w.close()  # twice is fine
     assert len(sock.sent) == 1
 
@@ -318,7 +320,7 @@ def test_subscribe_waits_for_its_own_ack_and_keeps_earlier_events() -> None:
     sock = Kernel([exec_(5, 5), fork(5, 5, 6, 5)])
     early = pw._subscribe(sock, 1.0)  # type: ignore[arg-type]
     assert early == [ProcEvent("exec", 5, 5), ProcEvent("thread", 5, 6, 5)]
-    assert struct.unpack("=I", sock.sent[0][36:]) == (pw.PROC_CN_MCAST_LISTEN,)
+    assert struct.unpack("=I", sock.sent[0][36:]) == (wire.PROC_CN_MCAST_LISTEN,)
 
 
 def test_subscribe_refused_or_unanswered() -> None:
@@ -384,7 +386,7 @@ def set_stat_field(root: Path, pid: int, field: int, value: str) -> None:
 
 
 def test_open_watcher_on_a_tree_polls_it(tree: Path) -> None:
-    w = pw.open_watcher(Host(tree), poll_interval=0.5)
+    w = pw.open_watcher(tree_kernel(tree), poll_interval=0.5)
     assert isinstance(w, pw.PollingWatcher)
     assert (w.mode, w.fileno(), w.interval) == ("polling", -1, 0.5)
     assert 0 < w.timeout <= 0.5
@@ -392,7 +394,7 @@ def test_open_watcher_on_a_tree_polls_it(tree: Path) -> None:
 
 
 def test_new_process_with_threads_then_exit(tree: Path) -> None:
-    with pw.PollingWatcher(Host(tree), interval=60) as w:
+    with pw.PollingWatcher(tree_kernel(tree), interval=60) as w:
         spawn(tree, threads=[4244, 4243])
         assert w.scan() == [
             ProcEvent("exec", PID, PID, 1),  # ppid, from stat
@@ -406,7 +408,7 @@ def test_new_process_with_threads_then_exit(tree: Path) -> None:
 
 def test_threads_come_and_go(tree: Path) -> None:
     spawn(tree, threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, threads=[4244, 4245])  # same process (start time): 4243 ended, two began
     assert w.scan() == [
@@ -418,7 +420,7 @@ def test_threads_come_and_go(tree: Path) -> None:
 
 def test_reused_pid_is_exit_then_exec(tree: Path) -> None:
     spawn(tree)
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, start_time=9500, comm="bash")
     assert w.scan() == [ProcEvent("exit", PID, PID), ProcEvent("exec", PID, PID, 1)]
@@ -426,7 +428,7 @@ def test_reused_pid_is_exit_then_exec(tree: Path) -> None:
 
 def test_exec_in_place_changes_comm(tree: Path) -> None:
     spawn(tree, comm="bash", threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     remove_process(tree, PID)
     spawn(tree, comm="python3")  # `exec python3 ...` in a wrapper: same PID, same start time
     assert w.scan() == [ProcEvent("exit", PID, 4243), ProcEvent("exec", PID, PID, 1)]
@@ -434,7 +436,7 @@ def test_exec_in_place_changes_comm(tree: Path) -> None:
 
 def test_zombie_counts_as_exited(tree: Path) -> None:
     spawn(tree, threads=[4243])
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     set_stat_field(tree, PID, 3, "Z")  # leader gone, thread 4243 still runs: alive
     assert w.scan() == []
     set_stat_field(tree, PID, 20, "1")  # last thread gone: waiting only for wait(2)
@@ -444,7 +446,7 @@ def test_zombie_counts_as_exited(tree: Path) -> None:
 
 
 def test_kernel_threads_are_not_listed(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     spawn(tree, 77, comm="kworker/0:1", cmdline=[], exe=None)
     set_stat_field(tree, 77, 9, str(0x00208040))  # PF_KTHREAD | PF_NOFREEZE | PF_WQ_WORKER
     shutil.rmtree(tree / "proc/77/task")  # were it listed, the scan would skip the process
@@ -452,7 +454,7 @@ def test_kernel_threads_are_not_listed(tree: Path) -> None:
 
 
 def test_process_vanishing_mid_scan_is_skipped(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=60)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=60)
     (tree / "proc/5555").mkdir()  # listed, but its files are already gone
     spawn(tree, 5556)
     shutil.rmtree(tree / "proc/5556/task")
@@ -460,7 +462,7 @@ def test_process_vanishing_mid_scan_is_skipped(tree: Path) -> None:
 
 
 def test_read_waits_for_the_interval(tree: Path) -> None:
-    w = pw.PollingWatcher(Host(tree), interval=3600)
+    w = pw.PollingWatcher(tree_kernel(tree), interval=3600)
     spawn(tree)
     assert w.read() == []  # not due: nothing scanned
     assert w.timeout > 3500
@@ -474,4 +476,4 @@ def test_read_waits_for_the_interval(tree: Path) -> None:
 
 def test_interval_must_be_positive(tree: Path) -> None:
     with pytest.raises(ValueError, match="positive"):
-        pw.PollingWatcher(Host(tree), interval=0)
+        pw.PollingWatcher(tree_kernel(tree), interval=0)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli
+from gputuned.cli import main as cli
 from gputuned.errors import ProfileError
-from gputuned.host import Host
-from gputuned.host.profiledirs import ProfileDirs, shipped_dir
-from gputuned.profile import load_profile
-from gputuned.recommend import recommend
+from gputuned.profile.load import load_profile
+from gputuned.profile.recommend import recommend
+from gputuned.store.profiledirs import ProfileDirs, shipped_dir
 from tests.fakeproc import add_process, add_user
+from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, tree_copy
 
 SHIPPED = ("dedicated-inference", "latency-critical", "shared-host")
@@ -44,7 +44,7 @@ def test_a_user_profile_overrides_the_shipped_one_of_its_name(tmp_path: Path) ->
     mine.write_text('name = "shared-host"\ndescription = "mine"\n')
     (root / "etc/gputuned/profiles/extra.toml").write_text('name = "extra"\n')
     (root / "etc/gputuned/profiles/not a name.toml").write_text('name = "x"\n')
-    dirs = ProfileDirs.for_host(Host(root))
+    dirs = ProfileDirs.for_host(tree_kernel(root))
     assert dirs.find("shared-host") == mine
     assert dirs.find("shared-host.toml") == mine
     assert dirs.find("latency-critical") == shipped_dir() / "latency-critical.toml"
@@ -57,7 +57,7 @@ def test_a_user_profile_overrides_the_shipped_one_of_its_name(tmp_path: Path) ->
 
 
 def test_unknown_or_path_like_names_are_refused_with_the_choices(tmp_path: Path) -> None:
-    dirs = ProfileDirs.for_host(Host(user_tree(tmp_path)))
+    dirs = ProfileDirs.for_host(tree_kernel(user_tree(tmp_path)))
     with pytest.raises(ProfileError) as exc:
         dirs.find("nope")
     # Every shipped name, sorted, whatever the profiles/ folder holds today.
@@ -72,7 +72,7 @@ def test_unknown_or_path_like_names_are_refused_with_the_choices(tmp_path: Path)
 def test_a_file_given_as_a_path_stays_a_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dirs = ProfileDirs.for_host(Host(user_tree(tmp_path)))
+    dirs = ProfileDirs.for_host(tree_kernel(user_tree(tmp_path)))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "shared-host").write_text('name = "local"\n')
     assert dirs.resolve("shared-host") == Path("shared-host")  # an existing file wins
@@ -87,7 +87,7 @@ def test_include_by_name_extends_the_shipped_profile_of_the_same_name(tmp_path: 
     mine = root / "etc/gputuned/profiles/shared-host.toml"
     mine.write_text('include = ["shared-host"]\nname = "shared-host"\n[cpusets.inference]\n'
                     'per = "gpu"\nexclude = ["housekeeping"]\ncount = 4\n')  # fmt: skip
-    dirs = ProfileDirs.for_host(Host(root))
+    dirs = ProfileDirs.for_host(tree_kernel(root))
     mine_p = load_profile(mine, names=dirs)
     shipped = load_profile(PROFILES / "shared-host.toml")
     assert mine_p.cpusets["inference"].count == 4
@@ -104,13 +104,13 @@ def test_include_by_unknown_name_names_the_include(tmp_path: Path) -> None:
     p = root / "etc/gputuned/profiles/x.toml"
     p.write_text('include = ["no-such-profile"]\nname = "x"\n')
     with pytest.raises(ProfileError) as exc:
-        load_profile(p, names=ProfileDirs.for_host(Host(root)))
+        load_profile(p, names=ProfileDirs.for_host(tree_kernel(root)))
     assert exc.value.problems[0][0] == "include[0]"
     assert "no such profile" in exc.value.problems[0][1]
     # '..' stays refused as before: a name never leaves the profile folders
     p.write_text('include = ["../shared-host.toml"]\nname = "x"\n')
     with pytest.raises(ProfileError, match=r"without '\.\.'"):
-        load_profile(p, names=ProfileDirs.for_host(Host(root)))
+        load_profile(p, names=ProfileDirs.for_host(tree_kernel(root)))
 
 
 def test_plan_and_apply_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,18 +187,18 @@ def test_recommend_leaves_room_when_other_users_work_here(tmp_path: Path) -> Non
     add_user(root, "alice", 1001)
     add_process(root, 4300, comm="make", cmdline=["make", "-j64"], exe="/usr/bin/make",
                 start_time=100, uid=1001)  # fmt: skip
-    rec = recommend(Host(root))
+    rec = recommend(tree_kernel(root))
     assert rec.recommended == "shared-host"
     assert any("alice (1 processes)" in r for r in rec.reasons)
     # the admin who asks is not "other work"
-    assert recommend(Host(root), ignore_uids={1001}).recommended == "dedicated-inference"
+    assert recommend(tree_kernel(root), ignore_uids={1001}).recommended == "dedicated-inference"
 
 
 def test_recommend_a_job_runner_means_a_shared_host(tmp_path: Path) -> None:
     root = tree_copy("two-gpu-one-node", tmp_path, server=False)
     add_process(root, 700, comm="kubelet", cmdline=["/usr/bin/kubelet"], exe="/usr/bin/kubelet",
                 start_time=50)  # fmt: skip
-    rec = recommend(Host(root))
+    rec = recommend(tree_kernel(root))
     assert rec.recommended == "shared-host" and rec.host.job_runners == ["kubelet"]
 
 

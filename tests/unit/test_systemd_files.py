@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.install import rewrite_exec_start
+from gputuned.cli.install import rewrite_exec_start
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd/gputuned.service"
@@ -76,7 +76,7 @@ def test_every_directive_has_a_reason() -> None:
 
 def test_udev_rule_matches_gpus_like_inspect() -> None:
     """The rule's GPU test is gputuned's own (PciDevice.is_gpu: class 0x03, NVIDIA or AMD)."""
-    from gputuned.host.pci import GPU_VENDORS
+    from gputuned.kernel.pci import GPU_VENDORS
 
     text = RULE.read_text()
     vendors = re.search(r'ATTR\{vendor\}!="([^"]+)"', text)

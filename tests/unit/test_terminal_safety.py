@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from gputuned import cli
-from gputuned.host import Host
+from gputuned.cli import main as cli
+from gputuned.cli.top import Target, compute_rows, render, take_snapshot
 from gputuned.textsafe import printable
-from gputuned.top import Target, compute_rows, render, take_snapshot
 from tests.fakeproc import add_process
+from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, SERVER_UID, tree_copy
 
 EVIL_COMM = "\x1b]0;own\x07py\u202e"  # 15 characters, as TASK_COMM_LEN allows
@@ -73,7 +73,7 @@ def test_plan_apply_verify_status_show_no_escape(
 def test_top_shows_no_escape(tree: Path) -> None:
     from rich.console import Console
 
-    host = Host(tree)
+    host = tree_kernel(tree)
     targets = [Target(EVIL_PID, "--pid")]
     a = take_snapshot(host, targets, nvml=False, clock=lambda: 0.0)
     b = take_snapshot(host, targets, nvml=False, clock=lambda: 1.0)
@@ -94,7 +94,7 @@ def test_json_output_escapes_too(tree: Path, capsys: pytest.CaptureFixture[str])
 def test_log_lines_show_no_escape() -> None:
     import logging
 
-    from gputuned.host.notify import _PriorityPrefix
+    from gputuned.service.notify import _PriorityPrefix
     from gputuned.textsafe import PrintableFormatter
 
     record = logging.LogRecord("gputuned", logging.INFO, "", 0, "placed %s", (EVIL_COMM,), None)

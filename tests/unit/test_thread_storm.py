@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.daemon import THREADS_A_TURN, Daemon
-from gputuned.host import Host
-from gputuned.host.procwatch import ProcEvent
-from gputuned.host.state import JOURNAL
-from gputuned.journal import Journal
+from gputuned.daemon.core import THREADS_A_TURN, Daemon
+from gputuned.engine.journal import Journal
+from gputuned.service.procwatch import ProcEvent
+from gputuned.store.state import JOURNAL
 from tests.fakeproc import add_thread, remove_thread
+from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_process_tree import (
     API,
     CORE,
@@ -39,19 +39,19 @@ N = 300
 def thread_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The TIDs whose /proc/PID/task/TID files the daemon reads from now on."""
     read: list[str] = []
-    real = Host.read_bytes
+    real = FaultKernel.read_bytes
 
-    def reading(self: Host, hpath: str, offset: int = 0, size: int = -1) -> bytes:
+    def reading(self: FaultKernel, hpath: str, offset: int = 0, size: int = -1) -> bytes:
         if "/task/" in hpath:
             read.append(hpath.split("/")[4])
         return real(self, hpath, offset, size)
 
-    monkeypatch.setattr(Host, "read_bytes", reading)
+    monkeypatch.setattr(FaultKernel, "read_bytes", reading)
     return read
 
 
 def api_thread_keys(root: Path) -> set[str]:
-    return {e.op.key for e in Journal(Host(root)).entries() if e.op.data.get("pid") == API}
+    return {e.op.key for e in Journal(tree_kernel(root)).entries() if e.op.data.get("pid") == API}
 
 
 def lines(root: Path) -> int:
@@ -116,7 +116,7 @@ def test_threads_that_end_leave_the_journal_and_it_stays_bounded(
     assert tids == {API, API + 1, API + 2}
     assert d.stop() == 0
     assert state(root, API) == UNTUNED
-    assert not (root / JOURNAL.lstrip("/")).exists() or Journal(Host(root)).entries() == []
+    assert not (root / JOURNAL.lstrip("/")).exists() or Journal(tree_kernel(root)).entries() == []
 
 
 def test_a_thread_storm_does_not_hold_up_a_new_process(daemon: tuple[Daemon, Path]) -> None:

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from gputuned import errors
-from gputuned.cli import main
-from gputuned.host import Host
-from gputuned.host.control import ControlServer, PeerCred
-from gputuned.host.sampling import read_irq_counts, sample_process
-from gputuned.profile import load_profile
-from gputuned.top import Target, compute_rows, find_targets, run_top, take_snapshot
+from gputuned.cli.main import main
+from gputuned.cli.top import Target, compute_rows, find_targets, run_top, take_snapshot
+from gputuned.kernel.sampling import read_irq_counts, sample_process
+from gputuned.profile.load import load_profile
+from gputuned.service.control import ControlServer, PeerCred
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
+from tests.faults import tree_kernel
 from tests.unit.test_apply import SERVER_UID, SERVER_USER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def tree(tmp_path: Path) -> Path:
 
 def test_sample_reads_every_thread(tree: Path) -> None:
     set_counters(tree, SERVER, SERVER + 1, run=5, wait=7, vol=3, invol=2)
-    s = sample_process(Host(tree), SERVER)
+    s = sample_process(tree_kernel(tree), SERVER)
     assert (s.pid, s.start_time, s.comm, s.nice) == (SERVER, 123456, "python3", 0)
     assert [(t.tid, t.run_ns, t.wait_ns, t.voluntary, t.involuntary) for t in s.threads] == [
         (SERVER, 10**9, 10**6, 0, 0),
@@ -94,14 +94,14 @@ def test_interrupt_counts_by_cpu_number(tree: Path) -> None:
         "LOC:        100        200        300  Local timer interrupts\n"
         "ERR:          9\n"
     )
-    irqs = read_irq_counts(Host(tree))
+    irqs = read_irq_counts(tree_kernel(tree))
     assert irqs.device == {0: 6, 1: 6, 3: 8}
     assert irqs.other == {0: 100, 1: 200, 3: 300}
     assert irqs.on(frozenset({1, 3})) == 14
 
 
 def test_rates_between_two_snapshots(tree: Path) -> None:
-    host = Host(tree)
+    host = tree_kernel(tree)
     targets = [Target(SERVER, "--pid")]
     clock = iter([100.0, 102.0])
     a = take_snapshot(host, targets, nvml=False, clock=lambda: next(clock))
@@ -121,7 +121,7 @@ def test_rates_between_two_snapshots(tree: Path) -> None:
 
 
 def test_new_thread_counts_from_zero_and_reused_pid_has_no_rate(tree: Path) -> None:
-    host = Host(tree)
+    host = tree_kernel(tree)
     targets = [Target(SERVER, "--pid")]
     clock = iter([0.0, 1.0, 2.0])
     a = take_snapshot(host, targets, nvml=False, clock=lambda: next(clock))
@@ -140,7 +140,7 @@ def test_new_thread_counts_from_zero_and_reused_pid_has_no_rate(tree: Path) -> N
 
 
 def test_exited_process_and_missing_schedstat(tree: Path) -> None:
-    host = Host(tree)
+    host = tree_kernel(tree)
     for tid in (SERVER, SERVER + 1):
         (tree / f"proc/{SERVER}/task/{tid}/schedstat").unlink()  # no CONFIG_SCHED_INFO
     targets = [Target(SERVER, "--pid"), Target(777, "--pid")]  # 777 does not exist
@@ -153,8 +153,8 @@ def test_exited_process_and_missing_schedstat(tree: Path) -> None:
 
 
 def test_gpu_utilisation_of_the_gpus_a_process_uses(tree: Path) -> None:
-    host = Host(tree)
-    host.meta["nvml"] = [
+    host = tree_kernel(tree)
+    host.recorded_nvml = [
         {"index": 0, "bdf": "0000:00:05.0", "name": "NVIDIA H200", "utilization_gpu": 87, "pids": [SERVER]},
         {"index": 1, "bdf": "0000:00:06.0", "name": "NVIDIA H200", "utilization_gpu": 3, "pids": []},
     ]  # fmt: skip
@@ -167,13 +167,13 @@ def test_gpu_utilisation_of_the_gpus_a_process_uses(tree: Path) -> None:
 
 
 def test_targets_named_by_pid(tree: Path) -> None:
-    t = find_targets(Host(tree), [SERVER, 17])
+    t = find_targets(tree_kernel(tree), [SERVER, 17])
     assert ([x.pid for x in t.procs], t.mode, t.refresh_every) == ([SERVER, 17], "pid", 0)
 
 
 def test_no_daemon_no_profile_asks_for_pids(tree: Path) -> None:
     with pytest.raises(errors.GputunedError, match="--pid PID"):
-        find_targets(Host(tree), [])
+        find_targets(tree_kernel(tree), [])
 
 
 def write_active(root: Path) -> None:
@@ -191,7 +191,7 @@ def test_without_daemon_the_applied_profiles_rules_pick(tree: Path) -> None:
     add_process(
         tree, 5000, comm="bash", cmdline=["bash"], exe="/usr/bin/bash", start_time=5, cpus="0-15"
     )
-    t = find_targets(Host(tree), [])
+    t = find_targets(tree_kernel(tree), [])
     assert [(x.pid, x.source) for x in t.procs] == [(SERVER, "rule server")]
     assert t.mode == "rules" and "shared-host" in t.where
 
@@ -209,7 +209,7 @@ def daemon_socket(tree: Path) -> Iterator[list[dict[str, Any]]]:
             "registered": {"99": "server"},
         }
 
-    server = ControlServer(Host(tree), handler)
+    server = ControlServer(tree_kernel(tree), handler)
     stop = threading.Event()
 
     def serve() -> None:
@@ -235,7 +235,7 @@ def daemon_socket(tree: Path) -> Iterator[list[dict[str, Any]]]:
 def test_with_daemon_its_placed_and_registered_processes(
     tree: Path, daemon_socket: list[dict[str, Any]]
 ) -> None:
-    t = find_targets(Host(tree), [])
+    t = find_targets(tree_kernel(tree), [])
     assert [(x.pid, x.source) for x in t.procs] == [
         (99, "registered (rule server)"),
         (SERVER, "placed"),
@@ -244,7 +244,7 @@ def test_with_daemon_its_placed_and_registered_processes(
 
 
 def test_run_once_json(tree: Path) -> None:
-    host = Host(tree)
+    host = tree_kernel(tree)
     now = [50.0]
 
     def sleep(s: float) -> None:  # the second passes: the server waited 5 ms for a CPU
@@ -264,7 +264,7 @@ def test_run_once_json(tree: Path) -> None:
 
 def test_refreshes_until_interrupted_and_picks_up_new_servers(tree: Path) -> None:
     write_active(tree)
-    host = Host(tree)
+    host = tree_kernel(tree)
     now = [0.0]
     docs: list[dict[str, Any]] = []
 
@@ -311,7 +311,7 @@ def test_cli_bad_interval(tree: Path) -> None:
 
 
 def test_compute_rows_needs_time_to_pass(tree: Path) -> None:
-    host = Host(tree)
+    host = tree_kernel(tree)
     a = take_snapshot(host, [], nvml=False, clock=lambda: 1.0)
     with pytest.raises(ValueError, match="in order"):
         compute_rows(a, a, [])
@@ -327,6 +327,11 @@ def test_live_view_until_interrupted(tree: Path, capsys: pytest.CaptureFixture[s
 
     with pytest.raises(KeyboardInterrupt):
         run_top(
-            Host(tree), pids=[SERVER], once=False, as_json=False, sleep=sleep, clock=lambda: now[0]
+            tree_kernel(tree),
+            pids=[SERVER],
+            once=False,
+            as_json=False,
+            sleep=sleep,
+            clock=lambda: now[0],
         )
     assert "IRQs/s on its CPUs" in capsys.readouterr().out

@@ -12,10 +12,12 @@ import pytest
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, format_mask
-from gputuned.host import Host, WriteRecord
-from gputuned.host.treekernel import STATE_FILE, format_controllers, kstrtobool
+from gputuned.sim.cgroups import format_controllers
+from gputuned.sim.devices import kstrtobool
+from gputuned.sim.files import STATE_FILE
 from tests.conftest import ALL_TREES, TREES_DIR
 from tests.fakeproc import add_process
+from tests.faults import FaultKernel, WriteRecord, tree_kernel
 
 CG = "/sys/fs/cgroup"
 POLICY = "/sys/module/pcie_aspm/parameters/policy"
@@ -59,7 +61,7 @@ def test_aspm_policy_round_trip(name: str, tmp_path: Path) -> None:
     root = tree(name, tmp_path)
     before = digest(root)
     old = read(root, POLICY)
-    host = Host(root)
+    host = tree_kernel(root)
     host.write_text(POLICY, "performance")
     assert read(root, POLICY) == "default [performance] powersave powersupersave \n"
     host.write_text(POLICY, "powersupersave\n")  # echo's newline is accepted
@@ -76,7 +78,7 @@ def test_aspm_policy_round_trip(name: str, tmp_path: Path) -> None:
 def test_aspm_policy_fault_fires_before_the_model(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     with pytest.raises(errors.PermissionDenied):  # EPERM recorded at capture: firmware owns ASPM
         host.write_text(POLICY, "performance")
     assert digest(root) == before and host.writes == []
@@ -85,7 +87,7 @@ def test_aspm_policy_fault_fires_before_the_model(tmp_path: Path) -> None:
 def test_link_aspm_both_ends_and_round_trip(tmp_path: Path) -> None:
     root = tree("degraded-link", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     gpu = "/sys/bus/pci/devices/0000:01:00.0/link/l1_aspm"
     port = "/sys/devices/pci0000:00/0000:00:02.0/link/l1_aspm"
     assert host.read_value(gpu) == host.read_value(port) == "1"
@@ -117,7 +119,7 @@ def test_kstrtobool_matches_the_kernel() -> None:
 def test_config_space_write_is_in_place(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     cfg = "/sys/bus/pci/devices/0000:00:06.0/config"
     old = host.read_bytes(cfg, 0x78, 2)
     host.write_bytes(cfg, b"\x10\x20", offset=0x78)
@@ -133,7 +135,7 @@ def test_config_space_write_is_in_place(tmp_path: Path) -> None:
 def test_irq_affinity_list_round_trip(name: str, tmp_path: Path) -> None:
     root = tree(name, tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     irq = movable_irq(root)
     base = f"/proc/irq/{irq}"
     old = host.read_value(f"{base}/smp_affinity_list")
@@ -150,7 +152,7 @@ def test_irq_affinity_list_round_trip(name: str, tmp_path: Path) -> None:
 def test_irq_mask_updates_the_list(tmp_path: Path) -> None:
     root = tree("dual-socket-8gpu", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.write_text("/proc/irq/121/smp_affinity", "ff00000000")
     assert read(root, "/proc/irq/121/smp_affinity_list") == "32-39\n"
     assert read(root, "/proc/irq/121/smp_affinity") == "000000ff,00000000\n"
@@ -161,7 +163,7 @@ def test_irq_mask_updates_the_list(tmp_path: Path) -> None:
 def test_effective_affinity_follows_x86_and_comes_back(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     lst, eff = "/proc/irq/42/smp_affinity_list", "/proc/irq/42/effective_affinity_list"
     assert (host.read_value(lst), host.read_value(eff)) == ("0-15", "14")
     host.write_text(lst, "12-15")
@@ -178,7 +180,7 @@ def test_irq_affinity_errors(tmp_path: Path) -> None:
     root = tree("dual-socket-8gpu", tmp_path)
     (root / "sys/devices/system/cpu/online").write_text("0-31\n")
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     target = "/proc/irq/121/smp_affinity_list"
     with pytest.raises(errors.InvalidValue, match="no online CPU"):
         host.write_text(target, "40-45")
@@ -197,7 +199,7 @@ def test_irq_write_error_recorded_at_capture(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
     before = digest(root)
     with pytest.raises(errors.PermissionDenied):
-        Host(root).write_text("/proc/irq/31/smp_affinity_list", "1")
+        tree_kernel(root).write_text("/proc/irq/31/smp_affinity_list", "1")
     assert digest(root) == before
 
 
@@ -208,7 +210,7 @@ def test_irq_write_error_recorded_at_capture(tmp_path: Path) -> None:
 def test_default_affinity_round_trip(name: str, new: str, shown: str, tmp_path: Path) -> None:
     root = tree(name, tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     path = "/proc/irq/default_smp_affinity"
     old = host.read_value(path)
     host.write_text(path, new)
@@ -226,7 +228,7 @@ def test_default_affinity_round_trip(name: str, new: str, shown: str, tmp_path: 
 def test_mkdir_makes_what_the_kernel_makes_and_rmdir_removes_it(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/gputuned.inference")
     made = {p.name: p.read_text() for p in (root / "sys/fs/cgroup/gputuned.inference").iterdir()}
     assert made == {
@@ -250,7 +252,7 @@ def test_mkdir_makes_what_the_kernel_makes_and_rmdir_removes_it(tmp_path: Path) 
 
 def test_mkdir_on_a_67_kernel_has_exclusive_files(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/g")
     assert read(root, f"{CG}/g/cpuset.cpus.exclusive") == "\n"
     assert read(root, f"{CG}/g/cpuset.cpus.exclusive.effective") == "\n"
@@ -267,7 +269,7 @@ def test_mkdir_on_a_67_kernel_has_exclusive_files(tmp_path: Path) -> None:
 
 def test_rmdir_refuses_while_busy(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/g")
     host.mkdir(f"{CG}/g/child")
     with pytest.raises(errors.Busy, match="child cgroups"):
@@ -291,7 +293,7 @@ def test_rmdir_refuses_while_busy(tmp_path: Path) -> None:
 def test_subtree_control_round_trip(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     api = f"{CG}/process_api"
     host.write_text(f"{api}/cgroup.subtree_control", "+cpuset")
     assert read(root, f"{api}/cgroup.subtree_control") == "cpuset memory\n"
@@ -305,7 +307,7 @@ def test_subtree_control_round_trip(tmp_path: Path) -> None:
 
 def test_subtree_control_errors(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     with pytest.raises(errors.InvalidValue):
         host.write_text(f"{CG}/process_api/cgroup.subtree_control", "cpuset")
     with pytest.raises(errors.InvalidValue):
@@ -327,7 +329,7 @@ def test_hybrid_tree_stray_file_is_a_plain_file(tmp_path: Path) -> None:
     # ci-vm: cgroup2 is at /sys/fs/cgroup/unified; /sys/fs/cgroup is a tmpfs (by /proc/mounts).
     root = tree("ci-vm", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     host.write_text(f"{CG}/cgroup.subtree_control", "+cpu")
     assert read(root, f"{CG}/cgroup.subtree_control") == "+cpu"
     host.write_text(f"{CG}/cgroup.subtree_control", "+cpuset\n")
@@ -336,7 +338,7 @@ def test_hybrid_tree_stray_file_is_a_plain_file(tmp_path: Path) -> None:
 
 def test_read_only_and_faults(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     with pytest.raises(errors.PermissionDenied, match="read-only kernel file"):
         host.write_text(f"{CG}/cpuset.cpus.effective", "0-3")
     host.inject(f"{CG}/g", "mkdir", errno.ENOSPC)
@@ -348,7 +350,7 @@ def test_read_only_and_faults(tmp_path: Path) -> None:
 # -- cgroup v2: cpuset partitions ----------------------------------------------------------------
 
 
-def partition(host: Host, cg: str, cpus: str, mode: str, *, exclusive: bool = True) -> str:
+def partition(host: FaultKernel, cg: str, cpus: str, mode: str, *, exclusive: bool = True) -> str:
     if not host.is_dir(cg):
         host.mkdir(cg)
     host.write_text(f"{cg}/cpuset.cpus", cpus)
@@ -362,7 +364,7 @@ def partition(host: Host, cg: str, cpus: str, mode: str, *, exclusive: bool = Tr
 def test_isolated_partition_round_trip(name: str, tmp_path: Path) -> None:
     root = tree(name, tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     g = f"{CG}/gputuned.inference"
     assert partition(host, g, "0-3", "isolated") == "isolated\n"
     assert read(root, f"{CG}/cpuset.cpus.effective") == "4-15\n"
@@ -385,7 +387,7 @@ def test_isolated_partition_round_trip(name: str, tmp_path: Path) -> None:
 
 def test_rmdir_of_a_valid_partition_gives_cpus_back(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     assert partition(host, f"{CG}/g", "8-15", "root") == "root\n"
     assert read(root, f"{CG}/cpuset.cpus.effective") == "0-7\n"
     host.rmdir(f"{CG}/g")
@@ -402,7 +404,7 @@ def test_rmdir_of_a_valid_partition_gives_cpus_back(tmp_path: Path) -> None:
 )
 def test_partition_without_cpus(name: str, message: str, tmp_path: Path) -> None:
     root = tree(name, tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/g")
     host.write_text(f"{CG}/g/cpuset.cpus.partition", "root")
     assert read(root, f"{CG}/g/cpuset.cpus.partition") == message
@@ -414,7 +416,7 @@ def test_partition_without_cpus(name: str, message: str, tmp_path: Path) -> None
 
 def test_partition_taking_every_cpu(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     got = partition(host, f"{CG}/g", "0-15", "isolated")
     assert got == "isolated invalid (Parent unable to distribute cpu downstream)\n"
     assert read(root, f"{CG}/cpuset.cpus.effective") == "0-15\n"
@@ -423,7 +425,7 @@ def test_partition_taking_every_cpu(tmp_path: Path) -> None:
 
 def test_overlapping_siblings(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     assert partition(host, f"{CG}/a", "0-3", "root") == "root\n"
     assert read(root, f"{CG}/cpuset.cpus.effective") == "4-15\n"
     host.mkdir(f"{CG}/b")
@@ -450,7 +452,7 @@ def test_overlapping_siblings(tmp_path: Path) -> None:
 
 def test_own_cpus_update_reasons_and_refusals(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     assert partition(host, f"{CG}/a", "1-2", "isolated", exclusive=False) == "isolated\n"
     host.mkdir(f"{CG}/b")
     host.write_text(f"{CG}/b/cpuset.cpus", "3-4")  # no overlap yet
@@ -469,7 +471,7 @@ def test_own_cpus_update_reasons_and_refusals(tmp_path: Path) -> None:
 
 def test_nested_partitions(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/m")
     host.write_text(f"{CG}/m/cgroup.subtree_control", "+cpuset")
     got = partition(host, f"{CG}/m/p", "1", "root")
@@ -493,7 +495,7 @@ def test_nested_partitions(tmp_path: Path) -> None:
 
 def test_cpuset_cpus_errors(tmp_path: Path) -> None:
     root = tree("h200-vm", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/g")
     with pytest.raises(errors.InvalidValue):
         host.write_text(f"{CG}/g/cpuset.cpus", "0-16")
@@ -521,7 +523,7 @@ def test_exclusive_claim_on_a_neighbours_cpus_is_refused_before_anything_changes
     """update_exclusive_cpumask(): EINVAL against a sibling's exclusive(.effective) CPUs, also
     those of a partition made with cpuset.cpus alone; the neighbour stays valid."""
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     n = f"{CG}/neighbour"
     assert partition(host, n, "1-2", "root", exclusive=with_exclusive) == "root\n"
     host.mkdir(f"{CG}/g")
@@ -538,7 +540,7 @@ def test_cpuset_cpus_over_a_neighbours_partition_invalidates_it(tmp_path: Path) 
     """update_cpumask() on cgroup v2 takes the write and turns the sibling partition 'root
     invalid' for good (seen on the H200's 6.18): the old write order's damage."""
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     n = f"{CG}/neighbour"
     partition(host, n, "1-2", "root")
     host.mkdir(f"{CG}/g")
@@ -554,7 +556,7 @@ def test_cpuset_cpus_over_a_neighbours_partition_invalidates_it(tmp_path: Path) 
 
 def test_exclusive_claim_may_not_leave_a_sibling_none_of_its_cpus(tmp_path: Path) -> None:
     root = tree("h200-captured", tmp_path)
-    host = Host(root)
+    host = tree_kernel(root)
     host.mkdir(f"{CG}/m")
     host.write_text(f"{CG}/m/cpuset.cpus", "2-3")
     host.mkdir(f"{CG}/g")
@@ -569,7 +571,7 @@ def test_exclusive_first_order_and_reverse_revert_round_trip(tmp_path: Path) -> 
     """gputuned's order: exclusive CPUs, cpuset.cpus, type; revert newest first."""
     root = tree("h200-captured", tmp_path)
     before = digest(root)
-    host = Host(root)
+    host = tree_kernel(root)
     g = f"{CG}/gputuned.inference"
     host.mkdir(g)
     host.write_text(f"{g}/cpuset.cpus.exclusive", "1-4")

@@ -3,7 +3,7 @@ it will not or cannot do here (issue 19, item 6), so the page cannot drift from 
 
 The messages are read from the source, not from runs: every ``Refusal(...)`` reason, every
 note a plan or the daemon adds (``notes.append``, ``setup_notes.append``), every reason
-``apply._not_possible_reason`` returns, and every error class in ``gputuned/errors.py``. A
+setting's ``not_possible`` returns (gputuned/settings/), and every error class in ``gputuned/errors.py``. A
 reason built in an f-string is split at its placeholders; each literal piece of 10 characters
 or more must appear in the page word for word (whitespace aside), so the page quotes it as it
 prints, with ``<...>`` where the value goes. A reason held in a variable is followed to its
@@ -24,21 +24,28 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "troubleshooting.md"
 PACKAGE = REPO / "gputuned"
 MIN_PIECE = 10
-#: Functions (and properties) whose return values are reasons shown inside others: apply's
-#: "not possible here" reasons, why a cgroup layout has no partitions, why a PCI function's
-#: registers cannot be used.
-_REASON_FUNCTIONS = ("_not_possible_reason", "why_no_partitions", "unusable")
+#: Functions (and properties) whose return values are reasons shown inside others: each
+#: setting's "not possible here" reasons, why a cgroup layout has no partitions, why a PCI
+#: function's registers cannot be used.
+_REASON_FUNCTIONS = ("not_possible", "why_no_partitions", "unusable")
 
 #: Reasons that come from outside the call's function: (file, source text) -> where the text
 #: they carry comes from (each of those is a literal this test checks, or an error class).
 DYNAMIC: dict[tuple[str, str], str] = {
-    ("gputuned/apply.py", "str(exc)"): "the PermissionDenied of an ASPM policy write (errors.py)",
     (
-        "gputuned/daemon_access.py",
+        "gputuned/settings/threads.py",
+        "str(exc)",
+    ): "the PermissionDenied of a real-time policy write (kernel/tasks.py RT_REFUSED)",
+    (
+        "gputuned/daemon/access.py",
         "str(exc)",
     ): "metrics_allowed()'s InvalidValue, quoted in the page",
     (
-        "gputuned/host/pci.py",
+        "gputuned/settings/registry.py",
+        "setting(op.kind).not_possible(op, exc)",
+    ): "each setting's own not_possible (gputuned/settings/), whose reasons are checked here",
+    (
+        "gputuned/kernel/pci.py",
         "self.config.unreadable[0][1]",
     ): "pciconfig._state(), quoted in the page",
 }
@@ -163,8 +170,8 @@ def test_the_check_fails_on_a_page_without_the_quotes() -> None:
     found, _ = messages()
     files = {where.split(":")[0] for where, _ in found}
     for module in (
-        "apply.py",
-        "daemon.py",
+        "settings/sysfs.py",
+        "daemon/core.py",
         "irq.py",
         "cpuset.py",
         "pcie_payload.py",

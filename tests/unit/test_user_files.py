@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.host.userfiles import write_user_file_atomic
+from gputuned.store.userfiles import write_user_file_atomic
 
 # -- finding 8: verify --prometheus FILE ----------------------------------------------------
 
@@ -56,11 +56,11 @@ def test_prometheus_file_in_a_missing_folder_says_so(tmp_path: Path) -> None:
 
 
 def _capture(dest: Path) -> None:
-    from gputuned.host import Host
-    from gputuned.host.capture import capture
+    from gputuned.kernel.capture import capture
     from tests.conftest import TREES_DIR
+    from tests.faults import tree_kernel
 
-    capture(Host(TREES_DIR / "ci-vm"), dest)
+    capture(tree_kernel(TREES_DIR / "ci-vm"), dest)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -95,7 +95,7 @@ def test_capture_does_not_follow_a_link_at_the_folder(tmp_path: Path) -> None:
 def test_capture_writes_under_the_folder_it_opened(tmp_path: Path) -> None:
     """Even when the folder is swapped for a link once the capture has it open, every file
     lands in the folder opened (each component opened with O_NOFOLLOW below it)."""
-    from gputuned.host.capture import _Writer
+    from gputuned.kernel.capture import _Writer
 
     dest = tmp_path / "cap"
     dest.mkdir(mode=0o700)
@@ -119,7 +119,7 @@ def test_capture_writes_under_the_folder_it_opened(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../up.toml", "sub/../../up.toml", ""])
 def test_an_include_outside_the_profiles_folder_is_refused(tmp_path: Path, name: str) -> None:
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     (tmp_path / "up.toml").write_text('[cpusets.housekeeping]\ncpus = "0"\n')
     here = tmp_path / "profiles"
@@ -133,7 +133,7 @@ def test_an_include_outside_the_profiles_folder_is_refused(tmp_path: Path, name:
 
 
 def test_an_include_below_the_profiles_folder_is_fine(tmp_path: Path) -> None:
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "cpus.toml").write_text('[cpusets.housekeeping]\ncpus = "0"\n')
@@ -157,7 +157,7 @@ def test_a_root_file_in_a_folder_others_control_is_refused(
 ) -> None:
     """Root's own 0644 file, but in a folder another user may write or owns: they can put
     another file in its place. Only the file itself was checked."""
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     folder = tmp_path / "shared"
     folder.mkdir()
@@ -180,7 +180,7 @@ def test_a_root_file_in_a_folder_others_control_is_refused(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
 def test_a_root_file_in_a_sticky_folder_is_fine(tmp_path: Path) -> None:
-    from gputuned.profile import load_profile
+    from gputuned.profile.load import load_profile
 
     folder = tmp_path / "sticky"
     folder.mkdir()
@@ -197,7 +197,7 @@ def test_a_root_file_in_a_sticky_folder_is_fine(tmp_path: Path) -> None:
 def test_a_root_that_is_not_a_tree_is_refused_and_not_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    from gputuned import cli
+    from gputuned.cli import main as cli
     from tests.unit.test_apply import PROFILES
 
     monkeypatch.chdir(tmp_path)

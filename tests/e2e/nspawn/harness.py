@@ -253,9 +253,9 @@ def base_rootfs(progress: list[str]) -> Path:
 def download_dependencies(dest: Path) -> None:
     """Wheels of gputuned's dependencies for the container's CPython 3.11 (bookworm).
 
-    ``pip wheel`` with this interpreter: binary wheels as they are, and a wheel built from each
-    dependency that PyPI has only as an sdist (sdnotify). That needs the same Python minor
-    version on both sides, as on the CI machine kind (Debian 12, CPython 3.11).
+    ``pip wheel`` with this interpreter: binary wheels as they are, and a wheel built from any
+    dependency published only as an sdist. That needs the same Python minor version on both
+    sides, as on the CI machine kind (Debian 12, CPython 3.11).
     """
     if sys.version_info[:2] != (3, 11):
         raise E2EError(

@@ -101,7 +101,6 @@ def ctypes_callback() -> None:
 
 
 def imports() -> None:
-    import psutil  # noqa: F401
     import pydantic_core  # noqa: F401
     import pynvml  # noqa: F401
     import pyudev  # noqa: F401

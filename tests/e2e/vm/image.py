@@ -440,26 +440,22 @@ def _build_fakegpu(rootfs: Path, kver: str) -> None:
 def _venv(rootfs: Path, wheels: list[str], dl: Path) -> None:
     """A venv with gputuned's dependencies for the guest's CPython, from wheels only.
 
-    Binary wheels for CPython 3.13 come from ``pip download --only-binary``; sdnotify is
-    published only as an sdist, and pure Python, so ``pip wheel`` builds it here.
+    Binary wheels for CPython 3.13 come from ``pip download --only-binary``: every dependency
+    of gputuned has one.
     """
     dl.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
     quiet = ["-q", "--disable-pip-version-check"]
-    sdist_only = [w for w in wheels if w.startswith("sdnotify==")]
-    binary = [w for w in wheels if w not in sdist_only]
     run(
         [
             *pip, "download", *quiet, "--no-deps", "--only-binary=:all:",
             "--python-version", GUEST_PYTHON, "--implementation", "cp",
             "--abi", f"cp{GUEST_PYTHON.replace('.', '')}", "--abi", "abi3", "--abi", "none",
             "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-            "--platform", "any", "-d", dl, *binary,
+            "--platform", "any", "-d", dl, *wheels,
         ],
         timeout=600,
     )  # fmt: skip
-    if sdist_only:
-        run([*pip, "wheel", *quiet, "--no-deps", "-w", dl, *sdist_only])
     inside = "/opt/gputuned/wheels"
     shutil.copytree(dl, rootfs / inside.lstrip("/"))
     chroot(rootfs, "python3", "-m", "venv", VENV)

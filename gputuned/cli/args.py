@@ -1,0 +1,32 @@
+"""What every gputunectl command shares: the ``--root`` and ``--json`` options, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gputuned import root
+
+#: A command: its parsed arguments in, its exit status out.
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_root(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--root",
+        type=root.host_root,
+        default=Path("/"),
+        help="read (and write) a captured host tree instead of this machine (absolute path)",
+    )
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")

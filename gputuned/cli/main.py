@@ -1,0 +1,221 @@
+"""``gputunectl``: the command line. The parser and the commands that need no profile
+(inspect, capture, schema, install-system, uninstall-system, top); the tuning commands are in
+:mod:`gputuned.cli.tuning`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gputuned import __version__, errors, root
+from gputuned.cli.args import Handler, add_json, add_root, print_json
+from gputuned.cli.render import console, render_inspect, shown
+from gputuned.cli.tuning import add_tuning_commands, cmd_plan
+from gputuned.textsafe import PrintableFormatter
+
+log = logging.getLogger("gputunectl")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from gputuned.engine.inspect import inspect
+
+    data = inspect(root.open_kernel(args.root), all_functions=args.all)
+    if args.json:
+        print_json(data)
+    else:
+        render_inspect(data, all_functions=args.all)
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from gputuned.kernel.capture import capture
+
+    err = console(stderr=True)
+    meta = capture(
+        root.open_kernel(args.root),
+        args.dir,
+        probe_writes=args.probe_writes,
+        stable=args.stable,
+        progress=lambda m: err.print(f"capture: {m}"),
+    )
+    if args.json:
+        print_json(meta)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from gputuned.profile.schema import profile_schema
+
+    print_json(profile_schema())
+    return 0
+
+
+# ---- install-system / uninstall-system (gputuned/cli/install.py) ---------------------------------
+
+
+def cmd_install_system(args: argparse.Namespace) -> int:
+    from gputuned.cli.install import find_gputuned, install_system, render
+
+    report = install_system(
+        root.open_kernel(args.prefix), exe=find_gputuned(), dry_run=args.dry_run
+    )
+    if args.json:
+        print_json(report.to_json())
+    else:
+        render(report)
+    return report.exit_code
+
+
+def cmd_uninstall_system(args: argparse.Namespace) -> int:
+    from gputuned.cli.install import render, uninstall_system
+
+    report = uninstall_system(root.open_kernel(args.prefix), dry_run=args.dry_run)
+    if args.json:
+        print_json(report.to_json())
+    else:
+        render(report)
+    return report.exit_code
+
+
+def _add_install_commands(sub: Any) -> None:
+    for name, text, func in (
+        ("install-system", "install the systemd unit, udev rule and profiles", cmd_install_system),
+        ("uninstall-system", "remove what install-system installed", cmd_uninstall_system),
+    ):
+        s = sub.add_parser(name, help=text)
+        s.add_argument(
+            "--prefix", type=Path, default=Path("/"), help="install under DIR (default: /)"
+        )
+        s.add_argument(
+            "--dry-run", action="store_true", help="say what would change; change nothing"
+        )
+        add_json(s)
+        s.set_defaults(func=func)
+
+
+# ---- end of install-system / uninstall-system --------------------------------------------------
+
+
+# ---- top (gputuned/cli/top.py) ------------------------------------------------------------------
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from gputuned.cli.top import run_top
+
+    return run_top(
+        root.open_kernel(args.root),
+        pids=args.pid,
+        once=args.once,
+        as_json=args.json,
+        interval=args.interval,
+    )
+
+
+def _add_top_command(sub: Any) -> None:
+    s = sub.add_parser(
+        "top",
+        help="live view per placed process: run-queue delay, context switches, IRQs, GPU load",
+    )
+    s.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="watch this process (repeatable; default: the daemon's placed and registered "
+        "processes, else those matching the applied profile's rules)",
+    )
+    s.add_argument("--once", action="store_true", help="print one view after one interval")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    add_root(s)
+    add_json(s)
+    s.set_defaults(func=cmd_top)
+
+
+# ---- end of top --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gputunectl",
+        description="Tune a Linux host for GPU inference: PCIe, IRQs, cpusets, processes.",
+    )
+    p.add_argument("--version", action="version", version=f"gputunectl {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
+    add_root(s)
+    add_json(s)
+    s.add_argument(
+        "--all",
+        action="store_true",
+        help="every PCIe function (and any whose config space is unreadable), not only GPUs",
+    )
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
+    s.add_argument(
+        "profile", type=Path, metavar="PROFILE", help="a profile file, or a profile's name"
+    )
+    add_root(s)
+    add_json(s)
+    s.set_defaults(func=cmd_plan)
+
+    add_tuning_commands(sub)
+
+    s = sub.add_parser("capture", help="copy what gputuned reads from this host into DIR")
+    s.add_argument("dir", type=Path, metavar="DIR")
+    add_root(s)
+    add_json(s)
+    s.add_argument(
+        "--probe-writes",
+        action="store_true",
+        help="write each IRQ affinity and the ASPM policy back unchanged to record which the "
+        "kernel refuses (the tree then refuses them too)",
+    )
+    s.add_argument(
+        "--stable",
+        action="store_true",
+        help="leave out what changes by itself (interrupt counts, effective IRQ targets, NVML "
+        "load), so two captures of an unchanged host compare equal with diff -r",
+    )
+    s.set_defaults(func=cmd_capture)
+
+    s = sub.add_parser("schema", help="print the profile JSON schema")
+    s.set_defaults(func=cmd_schema)
+
+    _add_install_commands(sub)
+    _add_top_command(sub)
+    from gputuned.cli.profilecmds import add_commands
+
+    add_commands(sub, add_root, add_json)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler]
+    )
+    func: Handler = args.func
+    try:
+        return func(args)
+    except errors.GputunedError as exc:
+        # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
+        console(stderr=True).print(
+            f"[bold red]gputunectl {args.command}:[/] {shown(exc)}", highlight=False
+        )
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

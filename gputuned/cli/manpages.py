@@ -1,0 +1,241 @@
+"""Man pages and bash completion, generated from the argument parsers and the profile models.
+
+``python -m gputuned.cli.manpages DIR`` writes gputunectl.8, gputuned.8, gputuned-profile.5 and
+gputunectl.bash-completion into DIR (scripts/build-deb puts them in the Debian package). They
+are generated, never written by hand, so they cannot drift from ``--help`` and from
+docs/profiles.md (the same text: ``render_profile_docs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from gputuned import __version__
+
+_FILES = """\
+.TP
+.B /usr/share/gputuned/profiles/
+Shipped profiles (replaced by upgrades).
+.TP
+.B /etc/gputuned/profiles/
+Your profiles; one there overrides a shipped profile of the same name.
+.TP
+.B /etc/gputuned/active.json
+The profile applied last; the service applies it at boot.
+.TP
+.B /run/gputuned/
+Journal of every original value, lock, control socket.
+"""
+
+
+def _esc(text: str) -> str:
+    """Text for a roff line: backslashes doubled, a leading '.' or "'" made literal."""
+    text = text.replace("\\", "\\e")
+    text = re.sub(r"(?m)^([.'])", r"\\&\1", text)
+    return text.replace("-", "\\-")
+
+
+def _inline(text: str) -> str:
+    """Markdown's `code` as bold, **strong** as bold; everything else escaped."""
+    parts = re.split(r"(`[^`]+`|\*\*[^*]+\*\*)", text)
+    out = []
+    for p in parts:
+        if p.startswith("`") and p.endswith("`") and len(p) > 1:
+            out.append(f"\\fB{_esc(p[1:-1])}\\fR")
+        elif p.startswith("**") and p.endswith("**") and len(p) > 3:
+            out.append(f"\\fB{_esc(p[2:-2])}\\fR")
+        else:
+            out.append(_esc(p))
+    return "".join(out)
+
+
+def _head(name: str, section: int, title: str) -> list[str]:
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    return [
+        f'.TH {name.upper()} {section} "{date}" "gputuned {__version__}" "gputuned"',
+        ".SH NAME",
+        f"{_esc(name)} \\- {_esc(title)}",
+    ]
+
+
+def _actions(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+    for a in p._actions:
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction):
+            yield a
+
+
+def _options(p: argparse.ArgumentParser) -> list[str]:
+    out = []
+    for a in _actions(p):
+        if a.help == argparse.SUPPRESS:
+            continue
+        if a.option_strings:
+            names = ", ".join(a.option_strings)
+            arg = f" {a.metavar or a.dest.upper()}" if a.nargs != 0 else ""
+        else:
+            names, arg = str(a.metavar or a.dest.upper()), ""
+        out += [".TP", f"\\fB{_esc(names)}\\fR{_esc(arg)}", _inline(a.help or "")]
+    return out
+
+
+def _subcommands(p: argparse.ArgumentParser) -> dict[str, tuple[str, argparse.ArgumentParser]]:
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            helps = {c.dest: c.help or "" for c in a._choices_actions}
+            return {name: (helps.get(name, ""), sub) for name, sub in a.choices.items()}
+    return {}
+
+
+def _usage(p: argparse.ArgumentParser) -> str:
+    return " ".join(p.format_usage().removeprefix("usage: ").split())
+
+
+def command_page(
+    p: argparse.ArgumentParser, section: int, title: str, extra: list[str] | None = None
+) -> str:
+    name = p.prog
+    out = _head(name, section, title)
+    out += [".SH SYNOPSIS", f".B {_esc(_usage(p))}", ".SH DESCRIPTION"]
+    out.append(_inline(p.description or title))
+    out += extra or []
+    opts = _options(p)
+    if opts:
+        out += [".SH OPTIONS", *opts]
+    subs = _subcommands(p)
+    if subs:
+        out.append(".SH COMMANDS")
+        for sub_name, (text, sub) in subs.items():
+            out += [".SS " + _esc(sub_name), _inline(text), ".PP", f".B {_esc(_usage(sub))}"]
+            out += [".RS", *_options(sub), ".RE"]
+    out += [".SH FILES", _FILES.rstrip("\n")]
+    see = "gputuned (8), gputuned\\-profile (5)" if name == "gputunectl" else ""
+    see = see or "gputunectl (8), gputuned\\-profile (5)"
+    out += [".SH SEE ALSO", see.replace(" (", "(")]
+    return "\n".join(out) + "\n"
+
+
+def markdown_page(markdown: str, name: str, section: int, title: str) -> str:
+    """A man page from the Markdown of docs/profiles.md (headings, lists, code, tables)."""
+    return "\n".join(_head(name, section, title) + _roff(markdown)) + "\n"
+
+
+def _roff(markdown: str) -> list[str]:
+    out: list[str] = []
+    in_code = False
+    for line in markdown.replace("``", "`").splitlines():
+        if line.startswith("```"):
+            out.append(".fi" if in_code else ".nf")
+            in_code = not in_code
+        elif in_code:
+            out.append(_esc(line) or "\\&")
+        elif line.startswith("<!--") or line.startswith("# "):
+            continue
+        elif line.startswith("## "):
+            out.append(".SH " + _inline(line[3:].upper()))
+        elif line.startswith("### "):
+            out.append(".SS " + _inline(line[4:]))
+        elif line.startswith("- "):
+            out += [".IP \\(bu 2", _inline(line[2:])]
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                out += [".br", _inline("  |  ".join(cells))]
+        elif not line.strip():
+            out.append(".PP")
+        else:
+            out.append(_inline(line.strip()))
+    return out
+
+
+def bash_completion(p: argparse.ArgumentParser) -> str:
+    """A bash completion for gputunectl: commands, each command's options, profile names."""
+    subs = _subcommands(p)
+    cases = []
+    for name, (_text, sub) in subs.items():
+        opts = " ".join(o for a in _actions(sub) for o in a.option_strings)
+        takes_profile = any(not a.option_strings and a.metavar == "PROFILE" for a in _actions(sub))
+        words = f"{opts} --help" + (" $(__gputunectl_profiles)" if takes_profile else "")
+        line = f'        {name}) COMPREPLY=( $(compgen -W "{words}" -- "$cur") )'
+        if takes_profile or name == "capture":
+            line += '; COMPREPLY+=( $(compgen -f -- "$cur") )'
+        cases.append(line + " ;;")
+    top = " ".join(subs)
+    body = "\n".join(cases)
+    return f"""# bash completion for gputunectl (generated by gputuned/cli/manpages.py from its parser)
+
+__gputunectl_profiles() {{
+    local d f
+    for d in /etc/gputuned/profiles /usr/share/gputuned/profiles; do
+        for f in "$d"/*.toml; do [ -e "$f" ] && f=${{f##*/}} && printf '%s ' "${{f%.toml}}"; done
+    done
+}}
+
+_gputunectl() {{
+    local cur=${{COMP_WORDS[COMP_CWORD]}} cmd=""
+    local i
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        case ${{COMP_WORDS[i]}} in -*) ;; *) cmd=${{COMP_WORDS[i]}}; break ;; esac
+    done
+    if [[ -z $cmd ]]; then
+        COMPREPLY=( $(compgen -W "{top} --help --version --verbose" -- "$cur") )
+        return
+    fi
+    case $cmd in
+{body}
+    esac
+}}
+complete -F _gputunectl gputunectl
+"""
+
+
+def write_all(dest: Path) -> list[Path]:
+    from gputuned.cli.main import build_parser
+    from gputuned.daemon.main import build_parser as daemon_parser
+    from gputuned.profile.schema import render_profile_docs
+
+    ctl = build_parser()
+    pages = {
+        "gputunectl.8": command_page(ctl, 8, "tune a Linux host for GPU inference servers"),
+        "gputuned.8": command_page(
+            daemon_parser(),
+            8,
+            "the service that keeps a gputuned profile applied",
+            [".PP", *_roff(_daemon_doc())],
+        ),
+        "gputuned-profile.5": markdown_page(
+            render_profile_docs(), "gputuned-profile", 5, "gputuned profile files (TOML)"
+        ),
+        "gputunectl.bash-completion": bash_completion(ctl),
+    }
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, text in pages.items():
+        (dest / name).write_text(text)
+        out.append(dest / name)
+    return out
+
+
+def _daemon_doc() -> str:
+    import importlib
+
+    doc = importlib.import_module("gputuned.daemon").__doc__ or ""  # the service's manual
+    return doc.split("\n\n", 1)[1] if "\n\n" in doc else doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m gputuned.cli.manpages DIR\n")
+        return 64
+    for path in write_all(Path(args[0])):
+        sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The control socket's requests as the daemon answers them: status, top, verify,
+apply, revert, register and unregister (gputuned/service/controlproto.py says who may
+send which; each field is checked here before it is used)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from gputuned import __version__, errors
+from gputuned.daemon.access import VERIFY_CACHE_S, profile_from_request, request_flag
+from gputuned.daemon.keeper import Keeper
+from gputuned.engine.apply import read_state, restore_processes, revert_all
+from gputuned.engine.plan import plan_profile, read_context
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel import Kernel
+from gputuned.kernel.proc import read_identity
+from gputuned.service.control import PeerCred
+from gputuned.textsafe import printable
+from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.process import Claim
+from gputuned.tuners.proctree import OWN_COMMS
+
+log = logging.getLogger("gputuned")
+
+
+class ControlHandlers(Keeper):
+    """The daemon's answers to control requests."""
+
+    def _handle(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        """One control request. The server has parsed it and refused what this peer may not
+        send (controlproto: read-only commands for the control group, changing ones for root
+        and the admin group); each field is checked here before it is used."""
+        cmd = req["cmd"]
+        log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
+        if cmd == "status":
+            return self._status()
+        if cmd == "top":
+            return {k: v for k, v in self._status().items() if k in _TOP_KEYS}
+        if cmd == "verify":
+            return self._verify_for(peer, strict=request_flag(req, "strict"))
+        if cmd == "apply":
+            return self._apply_request(req, peer)
+        if cmd == "revert":
+            rep = revert_all(self.kernel, lock=False, journal=self.journal)
+            self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
+            self.reload_path, self._verify_cache, self.held = None, None, {}
+            self.status = "idle: reverted (gputunectl apply PROFILE)"
+            self._schedule()
+            self.notify.send(f"STATUS={self.status}")
+            return rep.to_json()
+        if cmd in ("register", "unregister"):
+            return self._register(cmd, req)
+        raise errors.GputunedError(
+            f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
+        )
+
+    def _apply_request(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        profile, source, reload_path = profile_from_request(self.kernel, req, peer)
+        old = self.profile, self.source, self.profile_path, self.reload_path
+        self.profile, self.source, self.profile_path = profile, source, None
+        self.reload_path, self._verify_cache = reload_path, None
+        try:
+            report = self._apply_full("apply")
+        except Exception:
+            self.profile, self.source, self.profile_path, self.reload_path = old
+            raise  # the client gets the error
+        self._schedule()
+        self.notify.send(f"STATUS={self.status}")
+        return {"profile": profile.name, **report.to_json()}
+
+    def _verify_for(self, peer: PeerCred, *, strict: bool) -> dict[str, Any]:
+        """A fresh verify for root; others get one at most VERIFY_CACHE_S old (each is a full
+        plan, and a member of the control group must not keep the daemon busy with them)."""
+        if self.profile is None:
+            raise errors.GputunedError("no profile applied; gputunectl apply PROFILE first")
+        t = time.monotonic()
+        cached = self._verify_cache
+        if peer.uid != 0 and cached and cached[1] == strict and t - cached[0] < VERIFY_CACHE_S:
+            return cached[2]
+        vrep = verify_plan(
+            plan_profile(self.kernel, self.profile, registered=self.registered),
+            read_state(self.kernel),
+            strict=strict,
+        )
+        out = vrep.to_json()
+        self._verify_cache = (t, strict, out)
+        return out
+
+    def _register(self, cmd: str, req: dict[str, Any]) -> dict[str, Any]:
+        """Place a process by a rule (or stop placing it), identified by PID *and* start time:
+        a PID alone may name another process by the time it arrives. The registration ends
+        with the process (an exit event, or a full plan that no longer finds it)."""
+        pid, start = _process_id(req)
+        if cmd == "unregister":
+            known = self.claims.get(pid)
+            if start is not None and known is not None and known.start != start:
+                raise errors.GputunedError(
+                    f"unregister {pid}: PID {pid} now belongs to another process than the one "
+                    "placed; nothing was changed"
+                )
+            tree = {pid} | _descendants(self.claims, pid)
+            for p in tree:
+                self._drop(p)
+            self.registered.pop(pid, None)
+            return restore_processes(self.kernel, tree, self.journal).to_json()
+        if self.profile is None or not self.profile.process:
+            raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
+        names = [r.name for r in self.profile.process]
+        rule = req.get("rule")
+        if rule is not None and not isinstance(rule, str):
+            raise errors.GputunedError("rule must be the name of a [[process]] rule (a string)")
+        name = rule or names[0]
+        if name not in names:
+            raise errors.GputunedError(f"no rule {name!r}; the profile has: {', '.join(names)}")
+        self.registered[pid] = (_check_registrable(self.kernel, pid, start), name)
+        if self.ctx is not None:
+            self.ctx = read_context(
+                self.kernel, self.profile, registered=self.registered, journal=self.journal
+            )
+        self._place([pid], f"registered for rule {name}")
+        return {
+            "pid": pid,
+            "start": self.registered[pid][0],
+            "rule": name,
+            "placed": pid in self.placed,
+        }
+
+    def _status(self) -> dict[str, Any]:
+        state = read_state(self.kernel)
+        return {
+            "daemon": {"pid": _pid(), "version": __version__, "status": self.status,
+                       "watcher": self.watcher.mode if self.watcher else None,
+                       "udev": self.udev is not None, **self.counters},
+            "active_profile": self.profile.name if self.profile else None,
+            "source": self.source or None,
+            "applied_at": state.get("applied_at"),
+            "journal_entries": len(self.journal) if self.journal is not None else 0,
+            "not_possible": state.get("not_possible", {}),
+            "placed": sorted(self.placed),
+            "registered": {str(k): v[1] for k, v in self.registered.items()},
+            "verify": self.last_verify,
+            "verified_at": self.last_verify_at,
+            "notes": self.setup_notes + SEARCHES.notes(),
+        }  # fmt: skip
+
+
+#: What ``top`` needs of the status: the processes to watch.
+_TOP_KEYS = ("active_profile", "placed", "registered")
+
+
+def _pid() -> int:
+    from gputuned.service.notify import own_pid
+
+    return own_pid()
+
+
+def _process_id(req: dict[str, Any]) -> tuple[int, int | None]:
+    """The request's ``pid`` and ``start``: positive and non-negative JSON integers."""
+    pid, start = req.get("pid"), req.get("start")
+    if type(pid) is not int or pid <= 0:  # bool is an int to isinstance: not a PID
+        raise errors.GputunedError(f"pid must be a positive integer, not {pid!r}")
+    if start is not None and (type(start) is not int or start < 0):
+        raise errors.GputunedError(
+            f"start must be the process's start time (/proc/PID/stat field 22), not {start!r}"
+        )
+    return pid, start
+
+
+def _check_registrable(kernel: Kernel, pid: int, start: int | None) -> int:
+    """Refuse what must never be placed by hand: a PID that does not exist or now names
+    another process, PID 1, kernel threads, gputuned itself. Returns the start time."""
+    if start is None:
+        raise errors.GputunedError(
+            f"register {pid}: the request has no start time; PIDs are reused, so the daemon "
+            "places a process only by PID and start time (use gputunectl register, which sends "
+            "both)"
+        )
+    try:
+        now, _ppid, comm, kthread = read_identity(kernel, pid)
+    except errors.HostError:
+        raise errors.GputunedError(f"register {pid}: there is no process {pid}") from None
+    if now != start:
+        raise errors.GputunedError(
+            f"register {pid}: PID {pid} now belongs to another process (started at tick {now}, "
+            f"not {start}); nothing was placed"
+        )
+    if pid == 1:
+        raise errors.GputunedError("register 1: PID 1 is the system's init; it is never placed")
+    if kthread:
+        raise errors.GputunedError(f"register {pid}: {comm} is a kernel thread; never placed")
+    if pid == _pid() or comm in OWN_COMMS:
+        raise errors.GputunedError(f"register {pid}: that is gputuned itself; never placed")
+    return now
+
+
+def _descendants(claims: dict[int, Claim], pid: int) -> set[int]:
+    """PIDs claimed through ``pid`` (its children, theirs, ...)."""
+    out: set[int] = set()
+    grew = True
+    while grew:
+        more = {p for p, c in claims.items() if c.parent in out | {pid} and p not in out}
+        out |= more
+        grew = bool(more)
+    return out

@@ -1,0 +1,416 @@
+"""What the daemon knows and how it keeps a profile applied: load it, apply it in full,
+check for drift, place new processes and threads (and forget them), and the timers
+(watchdog, drift, NVML) that trigger these. See :mod:`gputuned.daemon`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from gputuned import errors
+from gputuned.engine.apply import (
+    ApplyReport,
+    apply_profile,
+    apply_settings,
+    read_active,
+    read_state,
+    revert_all,
+)
+from gputuned.engine.changes import Change, PlanContext
+from gputuned.engine.journal import Journal
+from gputuned.engine.plan import plan_processes, plan_profile, read_context
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel import Kernel
+from gputuned.profile.load import load_profile, parse_profile
+from gputuned.profile.model import Profile
+from gputuned.service.control import ControlServer
+from gputuned.service.httpmetrics import MetricsServer
+from gputuned.service.loop import Loop, now
+from gputuned.service.notify import Notifier, watchdog_interval
+from gputuned.service.procwatch import ProcWatcher
+from gputuned.service.udevmon import UdevMonitor
+from gputuned.settings.base import Reused
+from gputuned.settings.registry import expand, holds
+from gputuned.store.state import ACTIVE, HostLock
+from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.gpuplace import tree_roots
+from gputuned.tuners.process import Claim, claim_processes
+from gputuned.tuners.spread import Held, held_threads
+
+log = logging.getLogger("gputuned")
+
+
+class Keeper:
+    """The daemon's state and its upkeep; :class:`~gputuned.daemon.control.ControlHandlers`
+    answers control requests on top of it, and :class:`~gputuned.daemon.core.Daemon` adds
+    the life cycle and the event sources."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        profile_path: Path | None = None,
+        metrics_address: str | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.profile_path = profile_path
+        #: --metrics-address: binds the metrics port there instead of [daemon] metrics_address
+        #: (a pod's IP, known only when the pod starts: deploy/kubernetes).
+        self.metrics_address = metrics_address
+        self.notify = Notifier()
+        self.profile: Profile | None = None
+        self.source = ""
+        #: The file SIGHUP re-reads the profile from; None: re-apply the stored copy.
+        self.reload_path: str | None = None
+        #: What could not be set up at start without stopping it (metrics), for status.
+        self.setup_notes: list[str] = []
+        self._verify_cache: tuple[float, bool, dict[str, Any]] | None = None
+        self.ctx: PlanContext | None = None
+        self._settings: list[Change] = []  # applied last, re-read by the drift check
+        self._by_key: dict[str, Change] = {}
+        # New threads of placed processes not placed yet: pid -> TIDs (see _place_threads).
+        self._threads: dict[int, set[int]] = {}
+        self._drift_ticks = 0
+        self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
+        self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
+        # The CPUs placed processes' threads were given: a new process of a tree spread over
+        # a partition is planned against them (tuners/spread.py).
+        self.held: dict[int, Held] = {}
+        self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
+        self.status = "starting"
+        self.last_verify: dict[str, Any] = {}
+        self.running = True
+        #: SIGUSR1: stop without reverting; the next daemon adopts the journal.
+        self.handover = False
+        self.watchdog_on = True
+        self.loop = Loop()
+        self.lock = HostLock(kernel)
+        self.journal: Journal | None = None  # opened under the lock; the daemon's only copy
+        self.watcher: ProcWatcher | None = None
+        self.udev: UdevMonitor | None = None
+        self.control: ControlServer | None = None
+        self.metrics: MetricsServer | None = None
+        self.last_verify_at: float | None = None
+        self._next: dict[str, float] = {}
+
+    @property
+    def settings(self) -> list[Change]:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: list[Change]) -> None:
+        self._settings = value
+        self._by_key = {c.key: c for c in value}
+
+    def _adopt_or_replay(self) -> None:
+        journal = self.journal
+        assert journal is not None
+        if not len(journal):
+            return
+        if read_active(self.kernel) is None and self.profile_path is None:
+            rep = revert_all(self.kernel, lock=False, journal=journal)
+            log.warning(
+                "daemon: replayed a journal left by an earlier run: %d value(s) restored, %d failed",
+                len(rep.restored),
+                len(rep.failed),
+            )
+        else:
+            log.warning(
+                "daemon: adopting a journal of %d original value(s) left by an earlier run",
+                len(journal),
+            )
+
+    def _load_profile(self) -> tuple[Profile | None, str]:
+        """The profile to keep applied: --profile, else the file active.json names as one root
+        may read again (its ``path``), else the copy stored there. A file that no longer
+        loads, for any reason, falls back to the copy (issue 14, finding 11)."""
+        if self.profile_path is not None:
+            self.reload_path = str(self.profile_path.absolute())
+            return load_profile(self.profile_path), self.reload_path
+        active = read_active(self.kernel)
+        if active is None:
+            return None, ""
+        src = str(active.get("source", ""))
+        path = active.get("path")
+        self.reload_path = None
+        if isinstance(path, str) and path and Path(path).is_file():
+            try:
+                profile = load_profile(path)
+            except Exception as exc:
+                log.error("daemon: %s no longer loads (%s); using the copy applied last", path, exc)
+            else:
+                self.reload_path = path
+                return profile, src
+        return parse_profile(active["profile"], ACTIVE), src
+
+    def _apply_full(self, why: str) -> ApplyReport:
+        assert self.profile is not None
+        if why in ("start", "reload", "apply"):
+            SEARCHES.reset()  # a pattern suspended for its CPU budget gets a new chance
+        plan, report = apply_profile(
+            self.kernel,
+            self.profile,
+            keep_going=True,
+            source=self.source,
+            lock=False,
+            registered=self.registered,
+            journal=self.journal,
+            reload_path=self.reload_path,
+        )
+        self.ctx = read_context(
+            self.kernel, self.profile, registered=self.registered, journal=self.journal
+        )
+        self.settings = [
+            c for c in plan.settings if not c.report_only and c.key not in report.not_possible
+        ]
+        self.held = held_threads(self.settings)
+        self._drift_ticks = 0
+        for w in report.written:
+            log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
+        for f in report.failed:
+            log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
+        self._refresh_placed()
+        self._settle_gpu_use()
+        self._verify()
+        return report
+
+    def _reapply(self, why: str) -> ApplyReport | None:
+        """``_apply_full`` for the daemon's own triggers (drift, udev, NVML, rescan): a profile
+        that cannot be planned now (a CPU set gone empty, a neighbour's partition taking its
+        CPUs) leaves what is applied in place and the daemon running, degraded."""
+        try:
+            return self._apply_full(why)
+        except errors.GputunedError as exc:
+            log.error("daemon: %s: %s; keeping what is applied", why, exc)
+            self.status = f"degraded: {why}: {exc}"
+            self.notify.send(f"STATUS={self.status}")
+            return None
+
+    def _drifted(self) -> bool:
+        """Does any applied setting no longer hold? Reads only those settings' files."""
+        for ch in self.settings:
+            for op in expand(ch):
+                try:
+                    if not holds(self.kernel, op, op.value)[0]:
+                        log.info("daemon: drift: %s %s", op.tuner, op.target)
+                        return True
+                except (errors.TargetGone, Reused):
+                    continue  # a process that exited; the watcher forgets it
+                except errors.GputunedError as exc:
+                    log.info("daemon: drift check of %s failed (%s); re-planning", op.target, exc)
+                    return True
+        return False
+
+    @property
+    def placed(self) -> dict[int, int]:
+        """Processes placed by a rule (matched or descendants): pid -> start time."""
+        return {pid: c.start for pid, c in self.claims.items() if c.role != "excluded"}
+
+    def _refresh_placed(self) -> None:
+        """The claims of a full plan; a registration whose process is gone goes with it."""
+        assert self.ctx is not None
+        self.claims = claim_processes(self.ctx)
+        self.registered = {
+            pid: reg
+            for pid, reg in self.registered.items()
+            if pid in self.claims and self.claims[pid].start == reg[0]
+        }
+
+    def _verify(self) -> None:
+        assert self.profile is not None
+        rep = verify_plan(
+            plan_profile(
+                self.kernel, self.profile, registered=self.registered, journal=self.journal
+            ),
+            read_state(self.kernel),
+        )
+        self.last_verify = rep.to_json()["counts"]
+        self.last_verify_at = time.time()
+        failed = self.last_verify["drifted"]
+        np = self.last_verify["not possible here"]
+        name = self.profile.name
+        self.status = (
+            f"applied {name}: {self.last_verify['passed']} in place, {np} not possible here"
+            if not failed
+            else f"degraded {name}: {failed} setting(s) not in place (gputunectl verify)"
+        )
+
+    def _place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
+        """Plan and apply ``pids`` (``threads``: only these new threads of each)."""
+        if self.profile is None or self.ctx is None or not self.profile.process:
+            return
+        t0 = time.perf_counter()
+        ctx = dataclasses.replace(
+            self.ctx, claimed=self.claims, registered=self.registered, held=self.held
+        )
+        settings, claims = plan_processes(ctx, pids, threads)
+        self.claims.update(claims)
+        if not settings:
+            return
+        self._keep(settings, merge=threads is not None)
+        report = ApplyReport()
+        assert self.journal is not None
+        apply_settings(self.kernel, self.journal, settings, report, keep_going=True, batch=True)
+        if report.written:
+            self.counters["placements"] += 1
+            log.info(
+                "daemon: placed %s (%s): %d write(s) in %.1f ms",
+                pids,
+                why,
+                len(report.written),
+                (time.perf_counter() - t0) * 1e3,
+            )
+
+    def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
+        """A placement's settings join those the drift check re-reads, replacing the same
+        settings planned earlier (a thread moved off the CPU a new main thread took).
+        ``merge``: the settings of some new threads only; they join their process's."""
+        mine = [c for c in settings if not c.report_only]
+        if merge:
+            mine = [c for c in mine if not self._merged(c)]
+        keys = {c.key for c in mine}
+        if keys:
+            self.settings = [c for c in self.settings if c.key not in keys] + mine
+        self.held.update(held_threads(mine))
+
+    def _merged(self, ch: Change) -> bool:
+        """Add the threads of ``ch`` to the same setting of their process (in place: a new
+        thread costs the daemon its own values, not a copy of all the others)."""
+        have = self._by_key.get(ch.key)
+        if have is None or ch.kind != "thread":
+            return False
+        for k in ("threads", "old", "origin"):
+            have.data.setdefault(k, {}).update(ch.data.get(k, {}))
+        for pid, h in held_threads([ch]).items():
+            was = self.held.get(pid)
+            if was is not None and was.start == h.start:
+                was.threads.update(h.threads)
+            else:
+                self.held[pid] = h
+        return True
+
+    def _forget_thread(self, pid: int, tid: int) -> list[str]:
+        """A thread of a placed process ended: its settings go, and the journal keys returned
+        (dropped by the caller, all at once), so that the journal holds the threads alive, not
+        every thread there ever was (issue 14, finding 6); compaction keeps the file within
+        twice that plus 256 lines (Journal.compact_if_grown)."""
+        start = self.claims[pid].start
+        self._threads.get(pid, set()).discard(tid)
+        keys = []
+        for attr in ("nice", "policy", "affinity"):  # the per-thread settings
+            keys.append(f"thread:{pid}:{start}:{tid}:{attr}")
+            ch = self._by_key.get(f"thread:{pid}:{start}:{attr}")
+            if ch is not None:
+                for k in ("threads", "old", "origin"):
+                    ch.data.get(k, {}).pop(tid, None)
+        held = self.held.get(pid)
+        if held is not None:
+            held.threads.pop(tid, None)
+        return keys
+
+    def _places(self, pid: int) -> bool:
+        return self.claims[pid].role != "excluded"
+
+    def _forget(self, pid: int) -> bool:
+        was_claimed = self._drop(pid)
+        return self.registered.pop(pid, None) is not None or was_claimed
+
+    def _drop(self, pid: int) -> bool:
+        """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
+        self.held.pop(pid, None)
+        self._threads.pop(pid, None)
+        if self.claims.pop(pid, None) is None:
+            return False
+        self.settings = [
+            c for c in self.settings if c.tuner != "process" or c.data.get("pid") != pid
+        ]
+        return True
+
+    def _settle_gpu_use(self) -> None:
+        """After a full apply, place the ``by_gpu`` trees once more against this context's
+        reading of their GPU use: a GPU opened between the apply's plan and now would
+        otherwise look unchanged to every later scan (nothing is written where nothing
+        changed)."""
+        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
+            return
+        rules = {r.name for r in self.profile.process if r.by_gpu}
+        mine = sorted(pid for pid, c in self.claims.items() if c.rule in rules)
+        if mine:
+            self._place(mine, "GPU use at apply")
+
+    def _gpu_scan(self) -> None:
+        """``by_gpu`` rules: has a process placed by one, and without a GPU open then, opened
+        one since? The kernel announces no open(2), so the device nodes of those processes are
+        read again (tuners/gpuuse.py); a change re-plans the whole tree, since its processes
+        that use no GPU go with the GPUs the tree uses. NVML's answers change with the full
+        re-plan every nvml_interval_s."""
+        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
+            return
+        rules = {r.name for r in self.profile.process if r.by_gpu}
+        use = self.ctx.gpu_use
+        # Only processes that have not opened a GPU yet: one that has is placed on it, and
+        # reading every descriptor of every worker each scan would cost the most on the
+        # busiest processes (a CUDA process may later open its peers' nodes too).
+        mine = [pid for pid, c in self.claims.items() if c.rule in rules and pid not in use.opened]
+        if not mine:
+            return
+        before = {pid: use.of(pid) for pid in mine}
+        use.forget(set(mine))
+        changed = [pid for pid in mine if use.of(pid) != before[pid]]
+        if not changed:
+            return
+        roots = tree_roots(self.claims)
+        trees = {roots.get(pid, pid) for pid in changed}
+        for pid in changed:
+            log.info(
+                "daemon: pid %d now uses GPU(s) %s (was %s)",
+                pid,
+                sorted(use.of(pid)) or "none",
+                sorted(before[pid]) or "none",
+            )
+        self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
+
+    def _schedule(self) -> None:
+        t = now()
+        wd = watchdog_interval()
+        if wd:
+            self._next["watchdog"] = t + wd
+        if self.profile is not None:
+            self._next["drift"] = t + self.profile.daemon.drift_interval_s
+            rules = self.profile.process
+            if any(r.match.uses_gpu is not None or r.by_gpu for r in rules):
+                self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+            if any(r.by_gpu for r in rules):
+                self._next["gpuscan"] = t + self.profile.daemon.gpu_scan_interval_s
+        else:
+            for timer in ("drift", "nvml", "gpuscan"):
+                self._next.pop(timer, None)
+
+    def _timers(self) -> None:
+        t = now()
+        if self._next.get("watchdog", float("inf")) <= t:
+            if self.watchdog_on:
+                self.notify.send("WATCHDOG=1")
+            self._next["watchdog"] = t + (watchdog_interval() or 1.0)
+        if self.profile is None:
+            return
+        if self._next.get("drift", float("inf")) <= t:
+            self._drift_ticks += 1
+            # Cheap check first: re-read only what was applied. A full re-plan (every process,
+            # device and IRQ read again) runs when something drifted, and every 10th tick to
+            # catch what no event announced.
+            if self._drifted() or self._drift_ticks >= 10:
+                report = self._reapply("drift repair")
+                if report is not None:
+                    self.counters["repairs"] += len(report.written)
+                    self.notify.send(f"STATUS={self.status}")
+            self._next["drift"] = t + self.profile.daemon.drift_interval_s
+        if self._next.get("nvml", float("inf")) <= t:
+            self._reapply("nvml")
+            self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
+        if self._next.get("gpuscan", float("inf")) <= t:
+            self._gpu_scan()
+            self._next["gpuscan"] = now() + self.profile.daemon.gpu_scan_interval_s

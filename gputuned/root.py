@@ -1,0 +1,43 @@
+"""``--root``: the machine, or a host tree; and the kernel backend that serves it.
+
+``gputunectl`` and ``gputuned`` take ``--root DIR`` to work on a captured or built host tree
+instead of this machine. This is the one place that chooses the backend of the kernel port
+for it: :class:`~gputuned.kernel.live.LiveKernel` for ``/``, the simulated kernel
+(:mod:`gputuned.sim`) for a tree. Everything past the command line takes the kernel it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gputuned.kernel.live import LiveKernel
+from gputuned.kernel.port import TREE_META, Kernel
+from gputuned.sim.tree import SimKernel
+
+
+def open_kernel(root: Path) -> Kernel:
+    """The kernel of the machine (``/``) or of the host tree at ``root``."""
+    if Path(root) == Path("/"):
+        return LiveKernel()
+    return SimKernel(root)
+
+
+def host_root(text: str) -> Path:
+    """``--root``: ``/`` or an existing host tree, given by an absolute path. A relative or
+    mistyped one was made on the first write instead of refused (issue 14, finding 17)."""
+    path = Path(text)
+    if not path.is_absolute():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is relative; give the tree's absolute path, such as {Path(text).absolute()}"
+        )
+    if path == Path("/"):
+        return path
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder; check the path")
+    if not ((path / TREE_META).is_file() or (path / "sys").is_dir() or (path / "proc").is_dir()):
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
+            "gputunectl capture, or check the path"
+        )
+    return path

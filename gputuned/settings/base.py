@@ -1,0 +1,158 @@
+"""A setting: one kind of value gputuned writes, and everything it knows about that kind.
+
+An :class:`Op` is a single write to the machine: its identity (``key``), the kind of setting
+it is (``kind``), where (``path``, ``data``) and what (``value``). A plan's
+:class:`~gputuned.engine.changes.Change` becomes one op, or one per thread for a process's threads.
+
+Each kind is one subclass of :class:`Setting` (one module of this package each), holding for
+its ops, as TuneD keeps a plugin's get and set together:
+
+- :meth:`Setting.ops`: the ops that make a change true, in the order they must run;
+- :meth:`Setting.read`: the value now, in the form :meth:`Setting.write` takes to put it back
+  exactly (what the journal keeps);
+- :meth:`Setting.write` (and :meth:`Setting.start`, for a write that runs in a thread);
+- :meth:`Setting.holds`: does the machine hold a value? With the same normalisation both ways;
+- :meth:`Setting.not_possible`: why a failed write is a limit of this machine rather than a
+  failure of gputuned (skip it and say so), or None;
+- :meth:`Setting.refusal`: why an op read back from the journal is not one gputuned writes
+  (its JSON form checked field by field), or None.
+
+:mod:`gputuned.settings.registry` finds the classes; the engine asks it for an op's setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gputuned import errors
+from gputuned.kernel.procfs import parse_stat
+
+if TYPE_CHECKING:
+    from gputuned.engine.changes import Change
+    from gputuned.kernel import Kernel
+
+ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
+
+
+@dataclass(frozen=True)
+class Op:
+    """A single write: identity ``key``, how (``kind``), where (``path``/``data``), what (``value``)."""
+
+    key: str
+    tuner: str
+    target: str
+    kind: str
+    path: str
+    value: str
+    compare: str = "text"
+    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Op:
+        return Op(**d)
+
+
+class Reused(errors.GputunedError):
+    """The PID now belongs to another process: never touch it."""
+
+
+class ReadBackMismatch(errors.HostError):
+    """The write returned success but the machine reads back something else."""
+
+
+def check_identity(kernel: Kernel, op: Op) -> None:
+    """(pid, start time) must still match; a PID can be reused (proc(5) field 22, starttime)."""
+    pid, start = op.data["pid"], op.data["start"]
+    now = parse_stat(kernel.read_text(f"/proc/{pid}/stat")).start_time
+    if now != start:
+        raise Reused(f"PID {pid} was reused by another process (start time {now}, not {start})")
+
+
+def process_ids_refusal(op: Op, *, thread: bool) -> str | None:
+    """Why an op of a process does not name one: integer pid (not 0), start time and, for a
+    thread's setting, thread id."""
+    d = op.data
+    ids = [d.get("pid"), d.get("start")] + ([d.get("tid")] if thread else [])
+    if not all(type(i) is int and i >= 0 for i in ids) or not d.get("pid"):
+        return "a process entry without a pid, start time and thread id"
+    return None
+
+
+class Setting:
+    """One kind of setting. Subclasses set :attr:`kind` and implement read, write and refusal."""
+
+    #: The op kind, as the journal names it.
+    kind: ClassVar[str] = ""
+    #: The change kind (tuners' :class:`~gputuned.engine.changes.Change`) whose ops are this kind.
+    change_kind: ClassVar[str] = ""
+    #: A setting of a process gputuned placed: skipped when the process has gone, and what a
+    #: child shows after fork was passed on by its parent (tuners/proctree.py origins()).
+    placement: ClassVar[bool] = False
+    #: Its write runs in a thread and apply goes on beside it (:meth:`start` returns before
+    #: the write is done); apply waits for it before it moves a process, and at its end.
+    in_background: ClassVar[bool] = False
+    #: One sentence for docs and errors: what an op of this kind writes.
+    what: ClassVar[str] = ""
+
+    def ops(self, ch: Change) -> list[Op]:
+        """The ops that make ``ch`` true, in the order they must run: one by default."""
+        return [
+            Op(
+                ch.key,
+                ch.tuner,
+                ch.target,
+                self.kind,
+                ch.path,
+                ch.wanted,
+                ch.compare,
+                dict(ch.data),
+            )
+        ]
+
+    def read(self, kernel: Kernel, op: Op) -> str:
+        """The current value, in the form :meth:`write` takes to put it back exactly."""
+        raise NotImplementedError
+
+    def write(self, kernel: Kernel, op: Op, value: str) -> None:
+        """Put ``value`` in place."""
+        raise NotImplementedError
+
+    def start(self, kernel: Kernel, op: Op, value: str) -> Callable[[], None]:
+        """:meth:`write`, started: returns the function that finishes it (raising its error).
+        Written at once here; a kind whose write runs in a thread overrides it."""
+        self.write(kernel, op, value)
+        return lambda: None
+
+    def holds(
+        self, kernel: Kernel, op: Op, value: str, *, just_written: bool = False
+    ) -> tuple[bool, str]:
+        """Read back: does the machine hold ``value``? Returns (yes, what was read)."""
+        now = self.read(kernel, op)
+        return now == value, now
+
+    def holds_already(self, kernel: Kernel, op: Op, value: str) -> bool:
+        """Before writing ``value`` (apply's, or revert's original): is there nothing to do?
+        (:meth:`holds`, unless a kind says otherwise.)"""
+        return self.holds(kernel, op, value)[0]
+
+    def restoring(self, kernel: Kernel, op: Op, old: str) -> tuple[Op, str]:
+        """The op and value that put journaled ``old`` back (as they are, unless a kind must
+        put it back otherwise)."""
+        return op, old
+
+    def original(self, kernel: Kernel, op: Op) -> str:
+        """What to journal before the first write: the value now (:meth:`read`)."""
+        return self.read(kernel, op)
+
+    def not_possible(self, op: Op, exc: errors.GputunedError) -> str | None:
+        """Why ``exc`` (a failed write of ``op``) is a limit of this machine, or None."""
+        return None
+
+    def refusal(self, op: Op, value: str) -> str | None:
+        """Why revert must not write ``value`` through ``op`` (None: one gputuned writes)."""
+        raise NotImplementedError

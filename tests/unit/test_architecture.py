@@ -1,0 +1,154 @@
+"""The shape of the package: an import graph without cycles, and the simulator and the test
+machinery kept out of the live path.
+
+Imports are read from the source (``ast``), at any depth: one inside a function counts as
+much as one at the top, since it runs all the same (a cycle held apart by imports inside
+functions is still a cycle). Imports under ``if TYPE_CHECKING:`` do not run and are left out.
+Importing ``gputuned.a.b`` runs ``gputuned/a/__init__.py`` first, so it counts as an import of
+the package ``gputuned.a`` too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "gputuned"
+
+#: The one module that chooses the simulated kernel, where ``--root`` is parsed.
+SIM_CHOOSER = "gputuned.root"
+
+
+def module_name(path: Path, top: Path = PKG) -> str:
+    parts = path.relative_to(top.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node, but not those under ``if TYPE_CHECKING:``."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+            continue
+        yield node
+        todo += list(ast.iter_child_nodes(node))
+
+
+def imports_of(source: str, name: str, known: set[str]) -> set[str]:
+    """The gputuned modules ``source`` (module ``name``) imports when it runs."""
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{name}: a relative import; gputuned imports absolutely"
+            base = node.module or ""
+            # "from a import b" names module a.b when there is one, else a name in a.
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            for n in range(1, len(parts) + 1):  # a.b.c runs a/__init__, a/b/__init__ first
+                prefix = ".".join(parts[:n])
+                if prefix in known and prefix != name:
+                    out.add(prefix)
+    return out
+
+
+def import_graph(top: Path = PKG) -> dict[str, set[str]]:
+    files = {module_name(p, top): p for p in top.rglob("*.py")}
+    known = set(files)
+    return {name: imports_of(p.read_text(), name, known) for name, p in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 40, "expected the whole package"
+    found = cycles(graph)
+    assert found == [], "import cycles (imports inside functions count):\n" + "\n".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_only_the_root_chooser_imports_the_simulator() -> None:
+    graph = import_graph()
+    importers = sorted(
+        m
+        for m, deps in graph.items()
+        if not m.startswith("gputuned.sim") and any(d.startswith("gputuned.sim") for d in deps)
+    )
+    assert importers == [SIM_CHOOSER]
+
+
+def test_nothing_in_gputuned_imports_the_test_machinery() -> None:
+    bad = []
+    for path in PKG.rglob("*.py"):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            bad += [f"{module_name(path)}: {n}" for n in names if n.split(".")[0] == "tests"]
+    assert bad == []
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path: Path) -> None:
+    """The detector itself: a cycle made only by an import inside a function is found, and an
+    import under TYPE_CHECKING is not one."""
+    pkg = tmp_path / "gputuned"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from gputuned.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from gputuned import a\n    return a\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gputuned import d\n"
+    )
+    (pkg / "d.py").write_text("import gputuned.c\n")
+    graph = import_graph(pkg)
+    assert graph["gputuned.a"] == {"gputuned", "gputuned.sub", "gputuned.sub.b"}
+    assert cycles(graph) == [["gputuned.a", "gputuned.sub.b"]]
