@@ -253,6 +253,12 @@ def _put_checkout(dest: Path) -> None:
             target.symlink_to(src.readlink())
         else:
             shutil.copy2(src, target)
+    # A new user has a clone, and the suite may ask git what it holds (tests/unit/
+    # test_doc_links.py does): the copy is made a repository of one commit, this working tree.
+    git = ["git", "-C", str(dest), "-c", "user.name=quickstart", "-c", "user.email=lane@localhost"]
+    host_run([*git, "init", "-q"])
+    host_run([*git, "add", "-A"])
+    host_run([*git, "commit", "-q", "--no-verify", "-m", "the working tree under test"])
 
 
 def _trust_local_cas(fr: FreshRoot) -> None:
