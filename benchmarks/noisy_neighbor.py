@@ -625,7 +625,15 @@ def isolated_profile(
     rule = chosen.model_dump(mode="json", by_alias=True, exclude_none=True)
     rule["match"] = {"cmdline": cmdline, "uid": os.geteuid() if uid is None else uid}
     base = work / "base"
-    shutil.copytree(profile.absolute().parent, base, dirs_exist_ok=True)
+    # The profile may itself lie in ``work`` (reaction.py writes one there for
+    # realtime_priority): the copy must not copy itself into itself.
+    skip = base.resolve()
+    shutil.copytree(
+        profile.absolute().parent,
+        base,
+        dirs_exist_ok=True,
+        ignore=lambda d, names: [n for n in names if (Path(d) / n).resolve() == skip],
+    )
     lines = [f"include = [{json.dumps(f'base/{profile.name}')}]", "", "[[process]]"]
     for key, value in rule.items():
         for k, v in value.items() if isinstance(value, dict) else [(None, value)]:

@@ -173,6 +173,21 @@ def test_isolated_profile_loads(tmp_path: Path) -> None:
     assert prof.cpuset is not None and prof.cpuset.cgroup == "gputuned.inference"
 
 
+def test_isolated_profile_of_a_profile_in_the_work_folder(tmp_path: Path) -> None:
+    """reaction.py writes a variant of the profile (realtime_priority) into its work folder and
+    isolates that: the folder copy must not copy itself into itself (it recursed until the
+    path was too long: seen on the H200 host)."""
+    from gputuned.profile.load import load_profile
+
+    nn = load()
+    nn.isolated_profile(REPO / "profiles" / "shared-host.toml", tmp_path, r"/probe\.py\b")
+    variant = tmp_path / "variant.toml"  # beside the work/base folder the first call made
+    variant.write_text((REPO / "profiles" / "shared-host.toml").read_text())
+    out = nn.isolated_profile(variant, tmp_path, r"/probe\.py\b")
+    assert not (tmp_path / "base" / "base").exists()
+    assert [r.name for r in load_profile(out).process] == ["server"]
+
+
 def test_neighbours_bill_against_the_untuned_noisy_window() -> None:
     """Server gain and each neighbour's loss (1 - work / untuned work) are taken against the
     block's noisy window (issue 20, item 3); windows without noise get neither."""
