@@ -372,6 +372,11 @@ def test_purge_leaves_nothing(world: World) -> None:
             f"left: {sorted(after - before)[:20]}; missing: {sorted(before - after)[:20]}"
         )
         _capture(ct, "/root/capture-after")
+        # /proc/irq is the host's, mounted read-only in the container (systemd-nspawn's
+        # PROC_READ_ONLY("/proc/irq")): nothing in here can change it, while the host's own
+        # suites running beside this lane do (seen: a full scripts/test with the quick-start
+        # lane beside it). It is left out of the comparison; everything else must match.
+        ct.run("rm", "-rf", "/root/capture-before/proc/irq", "/root/capture-after/proc/irq")
         r = ct.run("diff", "-r", "/root/capture-before", "/root/capture-after", check=False)
         assert r.rc == 0, f"{r}"
         c.detail = f"apt purge {took:.1f} s; {len(after)} paths and the capture as before"
