@@ -2,8 +2,13 @@
 
 What /work/shared/E2E.md found on the CI machine kind, and what this module therefore does:
 
-- KVM cannot boot a stock kernel here: ``-accel tcg,thread=multi -cpu max`` (one host thread per
-  vCPU; 2 host CPUs run the 4 vCPUs).
+- KVM cannot boot a stock kernel here: ``-accel tcg,thread=single -cpu max`` (one host thread
+  runs the 4 vCPUs in turn). Not ``thread=multi``: with a host thread per vCPU the guest kernel
+  died now and then in the middle of a boot with "Oops: int3" in ordinary kernel code
+  (kmem_cache_alloc_node in kthreadd, after userspace had started): the int3 that x86 text
+  patching (static keys, which cpuset partitions toggle) plants for a moment was executed by
+  another vCPU whose translated code had not caught up. One thread runs one vCPU at a time,
+  so a patch is seen by all before any runs on.
 - Direct kernel boot (``-kernel``/``-initrd``/``-append``): the kernel command line is ours to
   set, which is the "bootloader configuration" this guest has (``gputunectl bootargs`` output
   is appended for the boot-arguments step).
@@ -179,7 +184,7 @@ class Machine:
             "qemu-system-x86_64",
             "-name", "gputuned-e2e-vm",
             "-nodefaults", "-no-user-config", "-display", "none",
-            "-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max",
+            "-machine", "q35", "-accel", "tcg,thread=single", "-cpu", "max",
             *numa_args(self.smp, self.mem_mb, self.numa), "-m", str(self.mem_mb),
             "-no-reboot", "-nic", "none",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
