@@ -5,10 +5,11 @@ What /work/shared/E2E.md found on the CI machine kind, and what this module ther
 - KVM cannot boot a stock kernel here: ``-accel tcg,thread=single -cpu max`` (one host thread
   runs the 4 vCPUs in turn). Not ``thread=multi``: with a host thread per vCPU the guest kernel
   died now and then in the middle of a boot with "Oops: int3" in ordinary kernel code
-  (kmem_cache_alloc_node in kthreadd, after userspace had started): the int3 that x86 text
-  patching (static keys, which cpuset partitions toggle) plants for a moment was executed by
-  another vCPU whose translated code had not caught up. One thread runs one vCPU at a time,
-  so a patch is seen by all before any runs on.
+  (kmem_cache_alloc_node in kthreadd, after userspace had started), most likely the int3
+  that x86 text patching (static keys, which nohz_full and cpuset partitions toggle) plants
+  for a moment, run by another vCPU whose translated code had not caught up (not proven). One
+  thread runs one vCPU at a time, so a patch is seen by all before any runs on; the lane
+  passed 16 of 16 phases so.
 - Direct kernel boot (``-kernel``/``-initrd``/``-append``): the kernel command line is ours to
   set, which is the "bootloader configuration" this guest has (``gputunectl bootargs`` output
   is appended for the boot-arguments step).
