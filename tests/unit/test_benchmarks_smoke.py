@@ -221,3 +221,14 @@ def test_neighbours_bill_against_the_untuned_noisy_window() -> None:
 def _figs(w: dict[str, Any]) -> dict[str, Any]:
     keys = ("runq_ms_per_token", "invol_cs_per_1k", "vol_cs_per_1k")
     return dict.fromkeys(keys, 0.0)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "benchmarks" / "profiles").glob("*.toml")), ids=lambda p: p.name
+)
+def test_benchmark_profiles_load(path: Path) -> None:
+    """The benchmarks' profile variants stay loadable (two included the shipped profile by a
+    ``../..`` path, which issue 14's include rules refuse; they name it now)."""
+    from gputuned.profile.load import load_profile
+
+    assert load_profile(path).process, path
