@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ def running_daemon(profile: Path, tmp: Path) -> Iterator[subprocess.Popen[str]]:
     sock = tmp / "notify"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(str(sock))
-    listener.settimeout(30)
+    listener.settimeout(0.5)
     d = subprocess.Popen(
         [sys.executable, "-m", "gputuned.daemon", "--profile", str(profile)],
         env={**os.environ, "NOTIFY_SOCKET": str(sock)},
@@ -27,8 +28,7 @@ def running_daemon(profile: Path, tmp: Path) -> Iterator[subprocess.Popen[str]]:
         text=True,
     )
     try:
-        while "READY=1" not in listener.recv(4096).decode().split("\n"):
-            pass
+        _wait_ready(listener, d, deadline=time.monotonic() + 60)
         yield d
     finally:
         if d.poll() is None:
@@ -37,3 +37,19 @@ def running_daemon(profile: Path, tmp: Path) -> Iterator[subprocess.Popen[str]]:
         listener.close()
         sock.unlink(missing_ok=True)
         assert "Traceback" not in err, err
+
+
+def _wait_ready(listener: socket.socket, d: subprocess.Popen[str], deadline: float) -> None:
+    """Until READY=1; a daemon that exits first is reported with its exit status and its
+    stderr at once (another gputuned holding the host, a refused profile), not as a timeout."""
+    while True:
+        try:
+            if "READY=1" in listener.recv(4096).decode().split("\n"):
+                return
+        except TimeoutError:
+            pass
+        if d.poll() is not None:
+            err = d.stderr.read() if d.stderr else ""
+            raise AssertionError(f"gputuned exited {d.returncode} before READY=1:\n{err}")
+        if time.monotonic() > deadline:
+            raise AssertionError("gputuned sent no READY=1 within 60 s")
