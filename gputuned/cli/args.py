@@ -28,5 +28,16 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def add_active_profile(p: argparse.ArgumentParser) -> None:
+    """An optional PROFILE (file or name) that defaults to the applied one."""
+    p.add_argument(
+        "profile",
+        type=Path,
+        nargs="?",
+        metavar="PROFILE",
+        help="a profile file or name; default: the active one",
+    )
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
-from gputuned.cli.args import add_json, add_root, print_json
+from gputuned.cli.args import add_active_profile, add_json, add_root, print_json
 from gputuned.cli.render import (
     console,
     render_apply,
@@ -280,13 +280,7 @@ def add_tuning_commands(sub: Any) -> None:
     s.set_defaults(func=cmd_revert)
 
     s = sub.add_parser("verify", help="compare the host with the applied profile")
-    s.add_argument(
-        "profile",
-        type=Path,
-        nargs="?",
-        metavar="PROFILE",
-        help="a profile file or name; default: the active one",
-    )
+    add_active_profile(s)
     add_root(s)
     add_json(s)
     s.add_argument("--strict", action="store_true", help="'not possible here' fails verify too")
@@ -313,13 +307,7 @@ def add_tuning_commands(sub: Any) -> None:
         s.set_defaults(func=cmd_register)
 
     s = sub.add_parser("bootargs", help="kernel arguments the profile wants, for the bootloader")
-    s.add_argument(
-        "profile",
-        type=Path,
-        nargs="?",
-        metavar="PROFILE",
-        help="a profile file or name; default: the active one",
-    )
+    add_active_profile(s)
     add_root(s)
     add_json(s)
     s.add_argument(
