@@ -160,6 +160,7 @@ class Keeper:
             journal=self.journal,
             reload_path=self.reload_path,
         )
+        self._keep_alive()
         self.ctx = read_context(
             self.kernel, self.profile, registered=self.registered, journal=self.journal
         )
@@ -172,9 +173,11 @@ class Keeper:
             log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
         for f in report.failed:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
+        self._keep_alive()
         self._refresh_placed()
         self._settle_gpu_use()
         self._verify()
+        self._keep_alive()
         return report
 
     def _reapply(self, why: str) -> ApplyReport | None:
@@ -377,7 +380,10 @@ class Keeper:
         t = now()
         wd = watchdog_interval()
         if wd:
-            self._next["watchdog"] = t + wd
+            # Only the first time: a ping that is due stays due. Pushing it on at every apply
+            # (as this once did) let an apply and a verify that took 17 s and 13 s in a slow
+            # guest go 30 s without a ping, and systemd killed the daemon mid-request.
+            self._next.setdefault("watchdog", t + wd)
         if self.profile is not None:
             self._next["drift"] = t + self.profile.daemon.drift_interval_s
             rules = self.profile.process
@@ -389,12 +395,19 @@ class Keeper:
             for timer in ("drift", "nvml", "gpuscan"):
                 self._next.pop(timer, None)
 
-    def _timers(self) -> None:
+    def _keep_alive(self) -> None:
+        """WATCHDOG=1 when one is due. The loop's timers call it, and so do the long steps of an
+        apply: one apply longer than WatchdogSec= on a slow host must not get the daemon killed
+        half-way through its writes."""
         t = now()
         if self._next.get("watchdog", float("inf")) <= t:
             if self.watchdog_on:
                 self.notify.send("WATCHDOG=1")
             self._next["watchdog"] = t + (watchdog_interval() or 1.0)
+
+    def _timers(self) -> None:
+        t = now()
+        self._keep_alive()
         if self.profile is None:
             return
         if self._next.get("drift", float("inf")) <= t:

@@ -92,9 +92,33 @@ class Lane:
             yield ph
             ph.ok = True
             self.passed.add(name)
+        except BaseException:
+            self.keep_journal(name)
+            raise
         finally:
             ph.seconds = time.monotonic() - t0
             self.phases.append(ph)
+
+    def keep_journal(self, phase: str) -> None:
+        """A failed phase keeps the guest's journal of this boot (gputuned's unit and the
+        kernel, with monotonic times), so that a failure seen once can be explained: the file
+        is named in the summary, and its last lines are printed there."""
+        if self.m is None or not self.m.alive:
+            return
+        try:
+            res = self.m.sh(
+                "journalctl -b --no-pager -o short-monotonic -u gputuned -k -n 400", check=False
+            )
+        except Exception as exc:  # the guest may be the thing that failed
+            self.notes.append(f"phase {phase!r} failed; its journal could not be read: {exc}")
+            return
+        slug = re.sub(r"[^a-z0-9]+", "-", phase.lower()).strip("-")
+        path = self.workdir / f"journal-{slug}.log"  # _keep_logs copies it to last-run/
+        path.write_text(res.out)
+        tail = "\n".join(f"      {ln}" for ln in res.out.splitlines()[-25:])
+        self.notes.append(
+            f"phase {phase!r} failed; guest journal kept in {vm_image.CACHE / 'last-run' / path.name}; last lines:\n{tail}"
+        )
 
     def need(self, *names: str) -> Machine:
         for n in names:

@@ -546,3 +546,41 @@ def test_metrics_address_option_binds_there(tmp_path: Path, events: Events) -> N
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
     finally:
         d.stop()
+
+
+def test_the_watchdog_is_pinged_when_due_after_a_long_apply(
+    tmp_path: Path, events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WatchdogSec=30 pings every 15 s. An apply answered at 18 s (a slow guest took 17 s) must
+    be followed by a ping, not by a new 15 s wait: the apply used to push the ping on, and a
+    13 s verify after it went past 30 s without one (systemd killed the daemon mid-request)."""
+    import gputuned.daemon.keeper as keeper
+
+    clock = [0.0]
+    monkeypatch.setattr(keeper, "now", lambda: clock[0])
+    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    pings = lambda: sum(1 for e in events if e == ("notify", "WATCHDOG=1"))  # noqa: E731
+    clock[0] = 14.0
+    d._timers()
+    assert pings() == 0, "not due before half of WatchdogSec="
+    real_apply = keeper.apply_profile
+
+    def slow_apply(*a: Any, **k: Any) -> Any:
+        clock[0] += 17.0
+        return real_apply(*a, **k)
+
+    monkeypatch.setattr(keeper, "apply_profile", slow_apply)
+    from gputuned.service.control import PeerCred
+
+    d._handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, PeerCred(1, 0, 0))
+    assert pings() == 1, "the apply itself pings once the ping is due (15 s), at 31 s"
+    clock[0] = 40.0
+    d._timers()
+    assert pings() == 1, "the next ping is 15 s after the last one"
+    clock[0] = 46.5
+    d._timers()
+    assert pings() == 2
+    d.stop()
