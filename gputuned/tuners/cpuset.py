@@ -85,6 +85,7 @@ from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.kernel import Kernel, mounts
 from gputuned.kernel.system import Partition, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
+from gputuned.tuners import inplace
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 _CGROUP_NS = "/proc/self/ns/cgroup"
@@ -236,9 +237,17 @@ class CpusetTuner:
             out.refused.append(_shared_refusal(self.name, cfg, shared))
             return out
         self._plan_controller(ctx, layout.v2_mount, cfg.report_only, out)
-        for part in parts:
-            self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
         ours = {p.cgroup for p in parts}
+        here = inplace.decision(ctx)
+        said = inplace.note(here, cpus, cfg.cgroup)
+        if said is not None:
+            out.notes.append(said)
+        if here.place is None:
+            for part in parts:
+                self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
+        else:  # the server's own cgroup is the partition (tuners/inplace.py)
+            self._plan_in_place(ctx, cfg, here.place, cpus, layout.v2_mount, out)
+            ours.add(here.place.cgroup.lstrip("/"))
         held = _held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
         if held:
             out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
@@ -259,6 +268,35 @@ class CpusetTuner:
                 in_sync="cpuset" in ctx.cgroup.v2_subtree,
             )
         )
+
+    def _plan_in_place(
+        self,
+        ctx: PlanContext,
+        cfg: Config,
+        place: inplace.InPlace,
+        cpus: frozenset[int],
+        mount: str,
+        out: TunerPlan,
+    ) -> None:
+        """gputuned's own cgroup stays (the daemon's placeholder for when the server stops)
+        without CPUs; the server's cgroup becomes the partition."""
+        group = f"{mount}/{cfg.cgroup}"
+        if ctx.kernel.is_dir(group):
+            out.changes.append(
+                Change(
+                    self.name,
+                    f"cgroup {cfg.cgroup}",
+                    "present",
+                    "present",
+                    "holds the partition while no server runs",
+                    group,
+                    cfg.report_only,
+                    kind="cgroup",
+                    in_sync=True,
+                )
+            )
+            inplace.release(ctx, group, cfg.cgroup, cfg.report_only, out)
+        inplace.plan(ctx, place, cpus, cfg.mode, out)
 
     def _plan_partition(
         self, ctx: PlanContext, cfg: Config, part: PartitionSpec, mount: str, out: TunerPlan
