@@ -71,10 +71,9 @@ class UnitProperty(Setting):
         cpus, _, dropin_state = value.partition("|")
         kernel.set_unit_property(op.data["unit"], op.data["property"], cpus)
         if dropin_state == "absent":  # systemd wrote it for us: the file and its folder go
+            # (not system.control itself: gputuned.service mounts it writable, a mount point)
             state.remove(kernel, op.path)
-            folder = op.path.rsplit("/", 1)[0]
-            if remove_dir_if_empty(kernel, folder):
-                remove_dir_if_empty(kernel, folder.rsplit("/", 1)[0])
+            remove_dir_if_empty(kernel, op.path.rsplit("/", 1)[0])
 
     def holds(
         self, kernel: Kernel, op: Op, value: str, *, just_written: bool = False

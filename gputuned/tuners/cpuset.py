@@ -31,6 +31,9 @@ A partition suppresses no timer ticks, offloads no RCU callbacks and moves no IR
 for interrupts and `[bootargs]` (`nohz_full`, `rcu_nocbs`, `irqaffinity`) for the rest.
 
 Processes get into the partition through `[[process]]` rules with `move_to_partition = true`.
+Where such a server runs in a cgroup of its own (a systemd unit's, a container's), that cgroup
+becomes the partition instead and nothing is moved (`in_place`, Linux 6.7+; see
+tuners/inplace.py and docs/systemd.md); `plan` says which is done, and why.
 
 Several partitions: `partitions = "node"` makes one sibling partition per NUMA node, holding
 the set's CPUs there (`<cgroup>.node0`, `<cgroup>.node1`, ...); `partitions = "gpu"` one per
@@ -124,6 +127,16 @@ class Config(BaseModel):
             "'one' partition holding the whole set (every node), one sibling partition per "
             "NUMA 'node' (the set's CPUs there), or one per 'gpu' (each member of a per = "
             "'gpu' set). With several, [[process]] move_to_partition needs by_gpu = true."
+        ),
+    )
+    in_place: StrictBool = Field(
+        default=True,
+        description=(
+            "Where the processes of the [[process]] rules that move into the partition all "
+            "live in one cgroup of their own (a systemd unit's, a container's), make that "
+            "cgroup the partition (Linux 6.7+) instead of moving them into `cgroup`: they stay "
+            "in their unit, whose stop, status and MemoryMax=/TasksMax= keep working. "
+            "false: always move them. plan says which, and why."
         ),
     )
     housekeeping_cores: StrictInt = Field(
@@ -239,7 +252,7 @@ class CpusetTuner:
         self._plan_controller(ctx, layout.v2_mount, cfg.report_only, out)
         ours = {p.cgroup for p in parts}
         here = inplace.decision(ctx)
-        said = inplace.note(here, cpus, cfg.cgroup)
+        said = inplace.in_place_note(here, cpus, cfg.cgroup)
         if said is not None:
             out.notes.append(said)
         if here.place is None:

@@ -92,6 +92,7 @@ def applies(ctx: PlanContext) -> bool:
     cfg = ctx.profile.cpuset
     return (
         cfg is not None
+        and cfg.in_place
         and cfg.mode in ("root", "isolated")
         and cfg.cpus is not None
         and ctx.cgroup.partitions_possible
@@ -122,9 +123,8 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
         return Decision()
     cgroups = sorted(where)
     cg = cgroups[0]
-    why = _why_not(ctx, cgroups, set(claims), mount, cfg.cgroup)
-    if why is None and any(movers[claims[p].rule].by_gpu for p in where[cg]):
-        why = "by_gpu places each process in its GPU's partition, one cgroup each"
+    by_gpu = any(movers[claims[p].rule].by_gpu for p in where[cg])
+    why = why_not_in_place(ctx, cgroups, set(claims), by_gpu=by_gpu)
     if why is not None:
         return Decision(None, why, cg)
     parts = [p for p in cg.split("/") if p]
@@ -133,12 +133,13 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     return Decision(InPlace(cg, unit, ancestors), None, cg)
 
 
-def _why_not(
-    ctx: PlanContext, cgroups: list[str], claimed: set[int], mount: str, own: str
+def why_not_in_place(
+    ctx: PlanContext, cgroups: list[str], claimed: set[int], *, by_gpu: bool
 ) -> str | None:
     """Why the server's cgroup cannot be its partition (None: it can)."""
     cfg = ctx.profile.cpuset
-    assert cfg is not None
+    assert cfg is not None and ctx.cgroup.v2_mount is not None
+    mount, own = ctx.cgroup.v2_mount, cfg.cgroup
     kernel = ctx.kernel
     if len(cgroups) > 1:
         return (
@@ -149,6 +150,8 @@ def _why_not(
     parts = [p for p in cg.split("/") if p]
     if cfg.partitions != "one":
         return f"partitions = {cfg.partitions!r} makes one partition each, in gputuned's cgroups"
+    if by_gpu:
+        return "by_gpu places each process in its GPU's partition, one cgroup each"
     if not parts:
         return "the server runs in the root cgroup, which cannot be a partition"
     if cg == "/" + own or cg.startswith(("/" + own + "/", "/" + own + ".")):
@@ -209,7 +212,7 @@ def _has_exclusive(ctx: PlanContext, mount: str) -> bool:
     )
 
 
-def note(d: Decision, cpus: frozenset[int], placeholder: str) -> str | None:
+def in_place_note(d: Decision, cpus: frozenset[int], placeholder: str) -> str | None:
     """The plan's one line about it."""
     if d.place is not None:
         owner = (

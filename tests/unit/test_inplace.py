@@ -41,6 +41,8 @@ def host(tmp_path: Path, *, systemd: bool = True, tree: str = "h200-captured") -
     root = tree_copy(tree, tmp_path, server=False)
     if systemd:
         (root / "run/systemd/system").mkdir(parents=True)
+        # made by gputuned.service's ExecStartPre (a mount point in its sandbox: it stays)
+        (root / "run/systemd/system.control").mkdir()
     return root
 
 
