@@ -95,7 +95,8 @@ class LiveKernel(KernelBase):
     def unit_property(self, unit: str, name: str) -> str | None:
         """``systemctl show``: LoadState first, since a unit systemd does not know shows
         empty values and exit status 0."""
-        run = run_tool(["systemctl", "show", "-p", f"LoadState,{name}", "--", unit], timeout=30)
+        argv = ["systemctl", "--no-ask-password", "show", "-p", f"LoadState,{name}", "--", unit]
+        run = run_tool(argv, timeout=30)
         if run.rc != 0:
             raise errors.HostError(f"systemctl show {unit}: {run.output or f'exit {run.rc}'}")
         fields = dict(line.partition("=")[::2] for line in run.output.splitlines())
@@ -104,7 +105,8 @@ class LiveKernel(KernelBase):
         return fields.get(name, "").strip()
 
     def set_unit_property(self, unit: str, name: str, value: str) -> None:
-        argv = ["systemctl", "set-property", "--runtime", "--", unit, f"{name}={value}"]
+        argv = ["systemctl", "--no-ask-password", "set-property", "--runtime", "--", unit]
+        argv.append(f"{name}={value}")
         run = run_tool(argv, timeout=30)
         if run.rc == 0:
             return

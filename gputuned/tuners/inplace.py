@@ -107,8 +107,7 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     if not applies(ctx):
         return Decision()
     cfg = ctx.profile.cpuset
-    assert cfg is not None and ctx.cgroup.v2_mount is not None
-    mount = ctx.cgroup.v2_mount
+    assert cfg is not None
     movers = {r.name: r for r in ctx.profile.process if r.move_to_partition}
     where: dict[str, list[int]] = {}
     for pid, c in claims.items():

@@ -10,6 +10,7 @@ for the test. Started by gputuned-vm-tree.service.
 import json
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from multiprocessing import resource_tracker
@@ -27,7 +28,18 @@ def idle(n: int) -> None:
         threading.Thread(target=time.sleep, args=(1e6,), daemon=True).start()
 
 
+def hog(_sig: int, _frame: object) -> None:
+    """SIGUSR1: take 400 MiB of memory (touched), past the unit's MemoryMax= in the phase
+    "unit keeps its processes": the kernel must OOM-kill this process in the unit's cgroup."""
+    global HELD
+    HELD = b"x" * (400 << 20)
+
+
+HELD = b""
+
+
 def worker(q: "mp.Queue[tuple[str, int]]") -> None:
+    signal.signal(signal.SIGUSR1, hog)
     rename("VM::Worker_TP0")
     idle(1)
     q.put(("worker", os.getpid()))
