@@ -226,7 +226,7 @@ class Daemon(ControlHandlers):
                 assert self.journal is not None
                 self.journal.drop_many(ended)
                 self.journal.compact_if_grown()
-        if len(self.claims) < forgot and not new:
+        if len(self.claims) < forgot:
             self._in_place_moved()  # the last of a unit's server processes ended
         if new:
             for pid in new:

@@ -282,7 +282,7 @@ class Keeper:
             return False
         have = inplace.decision(ctx).place
         want = inplace.decide(ctx, self.claims).place
-        if want == have:
+        if want == have and not (have is not None and inplace.lost(ctx, have)):
             return False
         log.info(
             "daemon: the partition in place moves: %s -> %s",

@@ -183,6 +183,15 @@ def why_not_in_place(
     return None
 
 
+def lost(ctx: PlanContext, place: InPlace) -> bool:
+    """The cgroup made the partition is no partition now: the unit restarted (systemd made its
+    cgroup anew, under the same name) or someone undid it."""
+    cfg = ctx.profile.cpuset
+    mode = cfg.mode if cfg is not None else "root"
+    have = ctx.kernel.read_optional(f"{ctx.cgroup.v2_mount}{place.cgroup}/cpuset.cpus.partition")
+    return have != mode
+
+
 def _list(ctx: PlanContext, group: str) -> list[str]:
     try:
         return ctx.kernel.listdir(group)

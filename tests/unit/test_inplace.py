@@ -208,3 +208,25 @@ def test_daemon_first_then_the_unit_starts_stops_and_restarts(tmp_path: Path) ->
         remove_process(root, pid)
     tree_kernel(root).rmdir(f"/{CG}{UNIT}")
     assert digest(root) == before
+
+
+def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(tmp_path: Path) -> None:
+    """systemctl restart: the old processes' exits and the new ones' execs arrive together,
+    and the new cgroup has the old one's name; it is no partition until the daemon makes it
+    one again."""
+    root = host(tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    vllm_tree(root, cgroup=UNIT)
+    feed(d, *(ProcEvent("exec", p, p) for p in TREE))
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    for pid in TREE:
+        remove_process(root, pid)
+    tree_kernel(root).rmdir(f"/{CG}{UNIT}")
+    vllm_tree(root, cgroup=UNIT)
+    assert read(root, UNIT, "cpuset.cpus.partition") == "member"
+    feed(d, *(ProcEvent("exit", p, p) for p in TREE), *(ProcEvent("exec", p, p) for p in TREE))
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
+    assert cgroups_of(root) == {UNIT}
+    assert d.stop() == 0
