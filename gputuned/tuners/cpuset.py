@@ -86,7 +86,7 @@ from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.kernel import Kernel, mounts
-from gputuned.kernel.system import Partition, valid_partitions
+from gputuned.kernel.system import Partition, has_exclusive_cpus, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
 from gputuned.tuners import inplace
 
@@ -348,7 +348,7 @@ class CpusetTuner:
         # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
         # cpuset.cpus, and the claim is let go last.
         steps = []
-        if _has_exclusive(kernel, mount, group if exists else None):
+        if has_exclusive_cpus(kernel, mount, group if exists else None):
             steps.append(
                 ("cpuset.cpus.exclusive", cpulist, "cpulist", "claims the CPUs for this partition")
             )
@@ -434,21 +434,6 @@ def _check_remount(kernel: Kernel, mount: mounts.Mount, wanted: str) -> None:
             "mount options only from the initial one (apply_cgroup_root_flags())"
         )
     mounts.remount_call(mount, wanted)  # refuses a mount that one remount cannot keep as it is
-
-
-def _has_exclusive(kernel: Kernel, mount: str, group: str | None) -> bool:
-    """Whether this kernel has cpuset.cpus.exclusive (6.7+): look at the group or any child."""
-    if group is not None:
-        return kernel.exists(f"{group}/cpuset.cpus.exclusive")
-    # cpuset.cpus.isolated, in the root cgroup, came with the same cpuset rework (6.7+); it is
-    # there even before any child has the cpuset controller enabled.
-    if kernel.exists(f"{mount}/cpuset.cpus.isolated"):
-        return True
-    return any(
-        kernel.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
-        for name in kernel.listdir(mount)
-        if kernel.is_dir(f"{mount}/{name}")
-    )
 
 
 def _shared_refusal(

@@ -48,6 +48,7 @@ from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.kernel.procfs import cgroup_path
+from gputuned.kernel.system import has_exclusive_cpus
 from gputuned.kernel.systemd import ALLOWED_CPUS, dropin, unit_of
 from gputuned.tuners.proctree import Claim, claim_processes
 
@@ -162,7 +163,7 @@ def why_not_in_place(
         )
     if kernel.systemd and parts[0].endswith(".slice") and unit_of(cg) is None:
         return f"{cg} is not a systemd unit's own cgroup (systemd owns the cgroups below slices)"
-    if not _has_exclusive(ctx, mount):
+    if not has_exclusive_cpus(kernel, mount):
         return (
             "this kernel has no cpuset.cpus.exclusive (Linux 6.7+), which a remote partition needs"
         )
@@ -206,18 +207,6 @@ def _who(ctx: PlanContext, pids: list[int]) -> str:
         names.append(f"pid {pid} ({comm[:15]!r})")
     more = f" and {len(pids) - 3} more" if len(pids) > 3 else ""
     return ", ".join(names) + more
-
-
-def _has_exclusive(ctx: PlanContext, mount: str) -> bool:
-    """cpuset.cpus.exclusive (6.7+): cpuset.cpus.isolated in the root came with it."""
-    kernel = ctx.kernel
-    if kernel.exists(f"{mount}/cpuset.cpus.isolated"):
-        return True
-    return any(
-        kernel.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
-        for name in _list(ctx, mount)
-        if kernel.is_dir(f"{mount}/{name}")
-    )
 
 
 def in_place_note(d: Decision, cpus: frozenset[int], placeholder: str) -> str | None:

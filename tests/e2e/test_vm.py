@@ -724,7 +724,8 @@ def test_kill_mid_apply(lane: Lane) -> None:
 
 
 def _tree(m: Machine, want: str) -> dict[str, Any]:
-    """Wait until every process of the tree is ``want`` ("placed" or "home"); its probe.
+    """Wait until every process of the tree is ``want`` ("placed", "in place" or "home"); its
+    probe. "in place": all in the unit, API, engine and worker nice -10 on 2-3.
 
     "placed": in the partition, nice -10, on its CPUs; the resource tracker (left out) in its
     unit, nice 0, on what its cgroup allows while the partition holds 2-3: CPUs 0-1. "home":
@@ -739,7 +740,11 @@ def _tree(m: Machine, want: str) -> dict[str, Any]:
             return None
         for role, p in tree.items():
             for t in p["tasks"]:
-                if want == "placed" and role != "tracker":
+                if want == "in place":  # the unit's cgroup is the partition
+                    ok = t["cgroup"] == home and (
+                        role == "tracker" or (t["nice"] == -10 and set(t["affinity"]) <= PARTITION)
+                    )
+                elif want == "placed" and role != "tracker":
                     ok = (
                         t["cgroup"] == "/gputuned.inference"
                         and t["nice"] == -10
@@ -846,38 +851,18 @@ def _unit_state(m: Machine) -> dict[str, Any]:
     return data
 
 
-def _in_place(m: Machine, timeout: float = 120) -> tuple[dict[str, Any], dict[str, Any]]:
+def _in_place(m: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
     """Wait until the tree is placed in place: every process in the unit's cgroup, which is a
     valid isolated partition on CPUs 2-3; API, engine and worker nice -10 on 2-3; nothing in
     gputuned's cgroup, which is a member without CPUs. Returns (probe, unit state)."""
-    home = f"/system.slice/{TREE_UNIT}"
+    st = _tree(m, "in place")
 
-    def check() -> Any:
-        st = probe(m)
-        tree = st["tree"]
-        if not tree or any(not p["tasks"] for p in tree.values()):
-            return None
-        for role, p in tree.items():
-            for t in p["tasks"]:
-                if t["cgroup"] != home:
-                    return None
-                if role != "tracker" and (t["nice"] != -10 or not set(t["affinity"]) <= PARTITION):
-                    return None
+    def partition() -> Any:
         u = _unit_state(m)
-        if (
-            u["cpuset.cpus.partition"] != "isolated"
-            or cpulist(u["cpuset.cpus.effective"]) != PARTITION
-        ):
-            return None
-        return st, u
+        valid = u["cpuset.cpus.partition"] == "isolated"
+        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
 
-    try:
-        got = wait_for("the tree placed in place", check, timeout=timeout, every=2)
-    except AssertionError:
-        raise AssertionError(
-            f"not placed in place:\n{json.dumps(probe(m)['tree'], indent=1)}\n{_unit_state(m)}"
-        ) from None
-    st, u = got
+    u = wait_for("the unit's cgroup an isolated partition on 2-3", partition, timeout=60, every=2)
     assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
     assert u["ours"]["cpuset.cpus.partition"] in ("member", None), u
     pids = {p["pid"] for p in st["tree"].values()}
@@ -933,7 +918,7 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     times["placed"] = time.monotonic() - t0
     # systemd's view agrees: a reload and its realize keep the partition's CPUs.
     sh(m, "systemctl daemon-reload")
-    _in_place(m, timeout=20)
+    _in_place(m)
     # Stopping gputuned puts the unit back as it was.
     sh(m, f"systemctl stop {UNIT}")
     after = _unit_state(m)
