@@ -82,7 +82,7 @@ def decision(ctx: PlanContext) -> Decision:
     daemon's placements between full plans use the decision of the last full plan)."""
     memo = ctx.memo
     if _MEMO not in memo:
-        memo[_MEMO] = decide(ctx, claim_processes(ctx))
+        memo[_MEMO] = decide(ctx, claim_processes(ctx)) if applies(ctx) else Decision()
     got = memo[_MEMO]
     assert isinstance(got, Decision)
     return got
