@@ -935,11 +935,18 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     worker = st["tree"]["worker"]["pid"]
     sh(m, f"kill -USR1 {worker}")
 
-    def oom_killed() -> Any:
-        ev = dict(ln.split() for ln in (_unit_state(m)["memory.events"] or "").splitlines())
-        return int(ev.get("oom_kill", 0)) >= 1 and not os_alive(m, worker)
+    seen: dict[str, Any] = {}
 
-    wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
+    def oom_killed() -> Any:
+        u = _unit_state(m)
+        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
+        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
+        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
+
+    try:
+        wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
+    except AssertionError:
+        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
     # restart: the new processes are placed in place again.
     old = {p["pid"] for p in st["tree"].values()}
     t1 = time.monotonic()
