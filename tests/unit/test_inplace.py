@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from gputuned.daemon.core import Daemon
-from gputuned.engine.apply import apply_profile, revert_all
+from gputuned.engine.apply import apply_profile, read_state, revert_all
 from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.verify import verify_plan
 from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile
 from gputuned.service.procwatch import ProcEvent
@@ -87,6 +88,12 @@ def test_a_units_tree_gets_its_partition_in_place_and_revert_is_exact(tmp_path: 
     assert "AllowedCPUs=1-4" in (root / DROPIN).read_text()
     for pid in TREE:
         assert read_process(tree_kernel(root), pid).threads[0].affinity == frozenset(range(1, 5))
+
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
+    assert rep.count("drifted") == 0 and rep.exit_code == 0, [ln.target for ln in rep.lines]
+    # systemd rewrites the unit's cpuset.cpus from AllowedCPUs= (a realize): nothing drifts.
+    tree_kernel(root).set_unit_property("inference.service", "AllowedCPUs", "1-4")
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
 
     assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
