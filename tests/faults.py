@@ -118,6 +118,15 @@ class FaultKernel(KernelBase):
     def char_device(self, hpath: str) -> tuple[int, int] | None:
         return self.inner.char_device(hpath)
 
+    def unit_property(self, unit: str, name: str) -> str | None:
+        return self.inner.unit_property(unit, name)
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        path = f"{unit}:{name}"
+        self._check_fault("write", path)
+        self.inner.set_unit_property(unit, name, value)
+        self._wrote(WriteRecord(path, value.encode()))
+
     def thread_group(self, tid: int) -> int:
         return self.inner.thread_group(tid)
 

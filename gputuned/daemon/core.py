@@ -218,6 +218,7 @@ class Daemon(ControlHandlers):
         assert self.watcher is not None
         new: list[int] = []
         ended: list[str] = []  # journal keys of threads that ended
+        forgot = len(self.claims)
         try:
             self._read_proc_events(new, ended)
         finally:
@@ -225,6 +226,8 @@ class Daemon(ControlHandlers):
                 assert self.journal is not None
                 self.journal.drop_many(ended)
                 self.journal.compact_if_grown()
+        if len(self.claims) < forgot:
+            self._in_place_moved()  # the last of a unit's server processes ended
         if new:
             for pid in new:
                 self._threads.pop(pid, None)  # placed whole now

@@ -35,6 +35,7 @@ from gputuned.service.udevmon import UdevMonitor
 from gputuned.settings.base import Reused
 from gputuned.settings.registry import expand, holds
 from gputuned.store.state import ACTIVE, HostLock
+from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.process import Claim, claim_processes
@@ -95,6 +96,7 @@ class Keeper:
         self.metrics: MetricsServer | None = None
         self.last_verify_at: float | None = None
         self._next: dict[str, float] = {}
+        self._replanning = False  # a full apply for the partition in place is under way
 
     @property
     def settings(self) -> list[Change]:
@@ -164,6 +166,7 @@ class Keeper:
         self.ctx = read_context(
             self.kernel, self.profile, registered=self.registered, journal=self.journal
         )
+        inplace.decision(self.ctx)  # what this apply made, before its processes change
         self.settings = [
             c for c in plan.settings if not c.report_only and c.key not in report.not_possible
         ]
@@ -251,6 +254,8 @@ class Keeper:
         )
         settings, claims = plan_processes(ctx, pids, threads)
         self.claims.update(claims)
+        if claims and self._in_place_moved():
+            return
         if not settings:
             return
         self._keep(settings, merge=threads is not None)
@@ -266,6 +271,30 @@ class Keeper:
                 len(report.written),
                 (time.perf_counter() - t0) * 1e3,
             )
+
+    def _in_place_moved(self) -> bool:
+        """Has the server's own cgroup, as the partition made in place, changed since the last
+        full plan (a unit started, stopped or restarted: tuners/inplace.py)? Then apply in
+        full, and say so: the placeholder lets its CPUs go to the unit's cgroup, or takes back
+        what a stopped unit's cgroup gave back."""
+        ctx = self.ctx
+        if ctx is None or self._replanning or not inplace.applies(ctx):
+            return False
+        have = inplace.decision(ctx).place
+        want = inplace.decide(ctx, self.claims).place
+        if want == have and not (have is not None and inplace.lost(ctx, have)):
+            return False
+        log.info(
+            "daemon: the partition in place moves: %s -> %s",
+            have.cgroup if have else "gputuned's own cgroup",
+            want.cgroup if want else "gputuned's own cgroup",
+        )
+        self._replanning = True
+        try:
+            self._reapply("partition in place")
+        finally:
+            self._replanning = False
+        return True
 
     def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
         """A placement's settings join those the drift check re-reads, replacing the same

@@ -197,12 +197,16 @@ def apply_profile(
         journal = journal if journal is not None else Journal(kernel)
         plan = plan_profile(kernel, profile, registered=registered, journal=journal)
         report = ApplyReport()
+        managed = managed_op_keys(plan.settings)
+        # A partition made in place that this plan no longer keeps (its unit stopped) gives
+        # its CPUs back first: the partition this plan makes needs them (tuners/inplace.py).
+        _restore_leftovers(kernel, journal, managed, report, borrowed=True)
         try:
             apply_settings(kernel, journal, plan.settings, report, keep_going=keep_going)
         except ApplyError as exc:
             report.seconds = time.monotonic() - t0
             raise ApplyError(f"apply {profile.name}: {exc}", report) from exc.__cause__
-        _restore_leftovers(kernel, journal, managed_op_keys(plan.settings), report)
+        _restore_leftovers(kernel, journal, managed, report)
         journal.compact()
         _record(kernel, profile, source, report, reload_path)
         report.seconds = time.monotonic() - t0
@@ -364,7 +368,7 @@ class _Writer:
         """Record a failed op. Unless it is skipped (its process is gone), not possible here,
         or ``keep_going``: undo this call's writes and raise ApplyError."""
         if isinstance(exc, (errors.TargetGone, Reused)):
-            if setting(op.kind).placement:
+            if setting(op.kind).placement or setting(op.kind).borrowed:
                 self.report.skipped.append({"target": op.target, "reason": str(exc)})
                 return
             why = None
@@ -397,10 +401,20 @@ def _rollback(kernel: Kernel, journal: Journal, undo: list[tuple[Op, str, bool]]
 
 
 def _restore_leftovers(
-    kernel: Kernel, journal: Journal, managed: set[str], report: ApplyReport
+    kernel: Kernel,
+    journal: Journal,
+    managed: set[str],
+    report: ApplyReport,
+    *,
+    borrowed: bool = False,
 ) -> None:
-    """Settings journaled by an earlier profile that this one does not manage go back."""
-    todo = [e for e in journal.newest_first() if e.op.key not in managed]
+    """Settings journaled by an earlier profile (or plan) that this one does not manage go
+    back. ``borrowed``: only those of borrowed kinds (Setting.borrowed)."""
+    todo = [
+        e
+        for e in journal.newest_first()
+        if e.op.key not in managed and (not borrowed or setting(e.op.kind).borrowed)
+    ]
     if todo:
         rep = RevertReport()
         restore(kernel, journal, todo, rep)

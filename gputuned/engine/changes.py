@@ -100,6 +100,9 @@ class PlanContext:
     original: Callable[[str], str | None] = field(default=lambda _key: None)
     #: Which GPUs a process uses (NVML, device nodes, environment), read when first asked.
     gpu_use: GpuUse | None = None
+    #: What tuners work out once from this reading of the host and share (the partition made
+    #: in place: tuners/inplace.py decision()); a copy made with dataclasses.replace shares it.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 class Tuner(Protocol):

@@ -210,8 +210,10 @@ def plan_processes(
     process whose parent is among ``ctx.claimed`` is a descendant of a claimed one.
     ``threads``: for these pids only the threads named (new ones) are read and planned, not
     every thread of the process (ProcessTuner.plan_tree)."""
+    from gputuned.tuners.inplace import decision
     from gputuned.tuners.procplan import ProcessTuner
 
+    decision(ctx)  # on the full reading of ``ctx``, before its processes are narrowed to pids
     if ctx.gpu_use is not None:
         ctx.gpu_use.forget(set(pids))  # a new exec, or a GPU opened since the last look
     procs = []

@@ -192,7 +192,7 @@ def _restore(kernel: Kernel, op: Op, old: str, notes: list[str]) -> str | None:
         kind.write(kernel, check, old)
         ok, seen = kind.holds(kernel, check, old, just_written=True)
     except (errors.TargetGone, Reused) as exc:
-        if kind.placement:
+        if kind.placement or kind.borrowed:  # gone with its process, or its unit's cgroup
             log.info("%s: %s: not restored: %s", op.tuner, op.target, exc)
             return None
         return str(exc)

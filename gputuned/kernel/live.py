@@ -17,8 +17,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gputuned import errors
 from gputuned.kernel import mounts
 from gputuned.kernel.base import KernelBase, translating, write_file
+from gputuned.kernel.sysinstall import run_tool
+from gputuned.kernel.systemd import dropin
 from gputuned.kernel.tasks import check_scheduler, explain, where
 
 _OS_POLICY = {
@@ -86,6 +89,35 @@ class LiveKernel(KernelBase):
             return pwd.getpwnam(name).pw_uid
         except KeyError:
             return None
+
+    # -- systemd --------------------------------------------------------------------------
+
+    def unit_property(self, unit: str, name: str) -> str | None:
+        """``systemctl show``: LoadState first, since a unit systemd does not know shows
+        empty values and exit status 0."""
+        argv = ["systemctl", "--no-ask-password", "show", "-p", f"LoadState,{name}", "--", unit]
+        run = run_tool(argv, timeout=30)
+        if run.rc != 0:
+            raise errors.HostError(f"systemctl show {unit}: {run.output or f'exit {run.rc}'}")
+        fields = dict(line.partition("=")[::2] for line in run.output.splitlines())
+        if fields.get("LoadState") != "loaded":
+            return None
+        return fields.get(name, "").strip()
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        argv = ["systemctl", "--no-ask-password", "set-property", "--runtime", "--", unit]
+        argv.append(f"{name}={value}")
+        run = run_tool(argv, timeout=30)
+        if run.rc == 0:
+            return
+        said = run.output or f"exit status {run.rc}"
+        if "not loaded" in said or "not found" in said:
+            raise errors.TargetGone(f"unit {unit}: {said}", path=dropin(unit, name), errno=E.ENOENT)
+        raise errors.HostError(
+            f"{' '.join(argv)} failed: {said}; systemd must run as PID 1 and answer on its "
+            "private socket (/run/systemd/private)",
+            path=dropin(unit, name),
+        )
 
     # -- mounts ---------------------------------------------------------------------------
 

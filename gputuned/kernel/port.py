@@ -148,6 +148,23 @@ class Kernel(Protocol):
         """The user ID of account ``name`` on this machine (or tree), None when there is none."""
         ...
 
+    # -- systemd (gputuned/kernel/systemd.py) ------------------------------------------------
+
+    @property
+    def systemd(self) -> bool:
+        """systemd is PID 1 here (sd_booted(3)) and owns its units' cgroups."""
+        ...
+
+    def unit_property(self, unit: str, name: str) -> str | None:
+        """A unit's property as systemd shows it (``systemctl show -p NAME --value``); None
+        when no such unit is loaded."""
+        ...
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        """``systemctl set-property --runtime UNIT NAME=VALUE``; TargetGone when no such unit
+        is loaded."""
+        ...
+
     # -- mounts ---------------------------------------------------------------------------
 
     def remount(self, point: str, fstype: str, super_options: str) -> None:

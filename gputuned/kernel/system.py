@@ -205,6 +205,26 @@ def cgroup_cpus(kernel: Kernel, mount: str, cgroup: str) -> frozenset[int] | Non
         parts.pop()
 
 
+def has_exclusive_cpus(kernel: Kernel, mount: str, group: str | None = None) -> bool:
+    """Whether this kernel has cpuset.cpus.exclusive (Linux 6.7+, and with it remote
+    partitions): look at ``group`` (a cgroup directory), else the root and its children."""
+    if group is not None:
+        return kernel.exists(f"{group}/cpuset.cpus.exclusive")
+    # cpuset.cpus.isolated, in the root cgroup, came with the same cpuset rework (6.7+); it is
+    # there even before any child has the cpuset controller enabled.
+    if kernel.exists(f"{mount}/cpuset.cpus.isolated"):
+        return True
+    try:
+        names = kernel.listdir(mount)
+    except errors.HostError:
+        return False
+    return any(
+        kernel.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
+        for name in names
+        if kernel.is_dir(f"{mount}/{name}")
+    )
+
+
 def nearest_cgroup(kernel: Kernel, mount: str, cgroup: str) -> str:
     """``cgroup`` (a path as /proc/PID/cgroup shows it) if it still exists under the cgroup v2
     ``mount``, else its nearest existing ancestor ("/" at the end): where a process goes back

@@ -178,7 +178,14 @@ def _partitions(ctx: PlanContext) -> list[dict[str, Any]]:
     cfg = ctx.profile.cpuset
     if cfg is None or cfg.mode not in PARTITION_MODES or cfg.cpus is None:
         return []
+    from gputuned.tuners.inplace import decision
+
+    here = decision(ctx).place  # the server's own cgroup made the partition (one partition)
     return [
-        {"cgroup": p.cgroup, "cpus": format_cpulist(p.cpus), "cpus_set": p.cpus}
+        {
+            "cgroup": p.cgroup if here is None else here.cgroup.lstrip("/"),
+            "cpus": format_cpulist(p.cpus),
+            "cpus_set": p.cpus,
+        }
         for p in partition_layout(cfg, ctx.sets, ctx.cpus)
     ]

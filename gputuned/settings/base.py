@@ -93,6 +93,12 @@ class Setting:
     #: A setting of a process gputuned placed: skipped when the process has gone, and what a
     #: child shows after fork was passed on by its parent (tuners/proctree.py origins()).
     placement: ClassVar[bool] = False
+    #: A setting of something gputuned borrows rather than owns (a unit's or container's
+    #: cgroup made a partition in place, its ancestors, the unit's AllowedCPUs=): it goes
+    #: with its owner (a stopped unit's cgroup is removed, and the kernel takes back what it
+    #: held), so a target that is gone has nothing to put back; and when a plan no longer
+    #: manages it, it is given back before anything else is written (tuners/inplace.py).
+    borrowed: ClassVar[bool] = False
     #: Its write runs in a thread and apply goes on beside it (:meth:`start` returns before
     #: the write is done); apply waits for it before it moves a process, and at its end.
     in_background: ClassVar[bool] = False

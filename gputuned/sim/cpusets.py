@@ -64,8 +64,13 @@ class _Cpuset:
 def write_cpus(tf: TreeFiles, mount: str, cg: str, text: str) -> None:
     """cpuset.c update_cpumask(): a cpulist within cpu_possible_mask."""
     cpus = _cpuset_list(tf, text)
-    if not cpus and parse_cpulist(tf.get(f"{cg}/cpuset.cpus") or "") and _busy(tf, cg):
-        # validate_change(): a populated cpuset cannot lose all its CPUs.
+    # A populated partition cannot lose all its CPUs (seen on the H200 host's 6.18). A member
+    # may, on cgroup v2: validate_change() refuses it only on the legacy hierarchy
+    # (!is_in_v2_mode()); an empty cpuset.cpus takes the parent's CPUs, which is what systemd
+    # writes when a unit's AllowedCPUs= is reset.
+    is_partition = (tf.get(f"{cg}/cpuset.cpus.partition") or "member").split()[0] != "member"
+    was = parse_cpulist(tf.get(f"{cg}/cpuset.cpus") or "")
+    if not cpus and was and is_partition and _busy(tf, cg):
         raise fail(E.ENOSPC, "processes in the cgroup would have no CPU")
     _refuse_empty_root(tf, cg, cpus | parse_cpulist(tf.get(f"{cg}/cpuset.cpus.exclusive") or ""))
     tf.put(f"{cg}/cpuset.cpus", format_cpulist(cpus) + "\n")
@@ -163,10 +168,11 @@ def recompute(
     for c in top.children:
         if c.valid_now:
             pool |= c.held()
+    pool |= _held_remotely(top)
     new = tf.has_exclusive(mount)
     perr = _PERR | {k: v[1] if new else v[0] for k, v in _PERR_67.items()}
     touch = set(override or {}) | ({touched} if touched else set())
-    _settle(tf, top, frozenset(pool), "top", _Pass(perr, touch))
+    _settle(tf, top, frozenset(pool), "top", _Pass(perr, touch, remote_ok=new))
 
 
 def _load_cpuset(tf: TreeFiles, cg: str, override: dict[str, str], *, top: bool) -> _Cpuset | None:
@@ -208,21 +214,36 @@ def _settle(tf: TreeFiles, cs: _Cpuset, pool: frozenset[int], kind: str, run: _P
             accepted.append(c)
             taken |= c.user_x
         verdict[c.path] = err
+    if kind == "top" and run.remote_ok:
+        # Remote partitions take their CPUs from the top, after the local ones.
+        run.remote.update(_remotes(cs, frozenset(pool - taken), run.remote_failed))
+        taken |= set().union(*run.remote.values())
     effective = pool - taken if kind in ("top", "valid") else pool
     tf.put_cpus(f"{cs.path}/cpuset.cpus.effective", effective)
     for c in cs.children:
         part = f"{c.path}/cpuset.cpus.partition"
         xeff = f"{c.path}/cpuset.cpus.exclusive.effective"
         sub = run.below(c.path)
+        if kind == "member" and c.path in run.remote:
+            tf.put(part, f"{c.want}\n")
+            tf.put_cpus(xeff, run.remote[c.path])
+            _settle(tf, c, run.remote[c.path], "valid", sub)
+            continue
+        if kind == "member" and c.path in run.remote_failed:
+            tf.put(part, f"{c.want} invalid ({run.perr['INVCPUS']})\n")
+            tf.put_cpus(xeff, frozenset())
+            _settle(tf, c, (c.cpus & effective) or effective, "invalid", sub)
+            continue
         if c in accepted:
             tf.put(part, f"{c.want}\n")
             tf.put_cpus(xeff, c.user_x)
             _settle(tf, c, c.user_x, "valid", sub)
             continue
         err = verdict.get(c.path, "" if c.want != "member" else None)
-        if err is None:  # a member
+        if err is None:  # a member; what it hands down to a remote partition stays its own
             tf.put(part, "member\n")
-            tf.put_cpus(xeff, c.exclusive & effective)
+            handed = set().union(*run.remote.values()) if run.remote else set()
+            tf.put_cpus(xeff, c.exclusive & (effective | handed))
         elif err == "SILENT":  # partcmd_invalidate: no reason given, effective_xcpus kept
             tf.put(part, f"{c.want} invalid\n")
         elif err:
@@ -270,16 +291,67 @@ def _partition_error(
     return next((k for k in order if failed[k]), None)
 
 
+def _held_remotely(top: _Cpuset) -> set[int]:
+    """CPUs valid remote partitions hold now (below members of the top)."""
+    out: set[int] = set()
+    todo = [c for c in top.children if c.want == "member" and not c.valid_now]
+    while todo:
+        cs = todo.pop()
+        for c in cs.children:
+            if c.valid_now:
+                out |= c.held()
+            else:
+                todo.append(c)
+    return out
+
+
+def _remotes(top: _Cpuset, free: frozenset[int], failed: set[str]) -> dict[str, frozenset[int]]:
+    """Remote partitions (Linux 6.7+, cgroup-v2.rst "cpuset.cpus.partition"): a partition
+    whose parent is not a partition root. Valid when every ancestor below the top is a member
+    whose cpuset.cpus.exclusive holds the partition's (they were written down the hierarchy
+    first), its exclusive CPUs are free at the top (no other partition holds them) and leave
+    the top a CPU (remote_partition_enable() of kernel/cgroup/cpuset.c). Simplified: looked at
+    on every recompute, and refused with "Invalid cpu list in cpuset.cpus.exclusive" whatever
+    the reason."""
+    out: dict[str, frozenset[int]] = {}
+    used: set[int] = set()
+
+    def walk(cs: _Cpuset, chain: list[frozenset[int]]) -> None:
+        for c in cs.children:
+            if c.want == "member":
+                walk(c, [*chain, c.exclusive])
+                continue
+            if not chain:
+                continue  # a local partition of the top: _settle's
+            x = c.exclusive
+            ok = bool(x) and all(x <= a for a in chain) and x <= free and not x & used
+            ok = ok and bool(free - used - x)
+            if ok:
+                out[c.path] = x
+                used.update(x)
+            else:
+                failed.add(c.path)
+
+    walk(top, [])
+    return out
+
+
 @dataclass(frozen=True)
 class _Pass:
-    """One recompute: the reason strings, the cgroups written, whether we are below one."""
+    """One recompute: the reason strings, the cgroups written, whether we are below one, and
+    the remote partitions found at the top (valid ones with their CPUs, and refused ones)."""
 
     perr: dict[str, str]
     touched: set[str]
     under: bool = False
+    remote_ok: bool = False
+    remote: dict[str, frozenset[int]] = field(default_factory=dict)
+    remote_failed: set[str] = field(default_factory=set)
 
     def revisits(self, path: str) -> bool:
         return self.under or path in self.touched
 
     def below(self, path: str) -> _Pass:
-        return _Pass(self.perr, self.touched, True) if self.revisits(path) else self
+        if not self.revisits(path):
+            return self
+        return _Pass(self.perr, self.touched, True, self.remote_ok, self.remote, self.remote_failed)

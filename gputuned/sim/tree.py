@@ -27,8 +27,9 @@ from gputuned.kernel import mounts
 from gputuned.kernel.base import KernelBase, translating
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.port import TREE_META
+from gputuned.kernel.systemd import dropin
 from gputuned.kernel.tasks import where
-from gputuned.sim import tasks
+from gputuned.sim import tasks, units
 from gputuned.sim.model import TreeModel
 
 _ERRNO_NAMES = {name: getattr(E, name) for name in dir(E) if name.startswith("E")}
@@ -113,6 +114,16 @@ class SimKernel(KernelBase):
             if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
                 return int(fields[2])
         return None
+
+    # -- systemd (a tree with /run/systemd/system: gputuned/sim/units.py) ---------------------
+
+    def unit_property(self, unit: str, name: str) -> str | None:
+        return units.show(self.model, unit, name)
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        self._refuse_recorded(f"{unit}:{name}")
+        with translating("set-property", dropin(unit, name)):
+            units.set_property(self.model, unit, name, value)
 
     # -- mounts ---------------------------------------------------------------------------
 

@@ -31,6 +31,9 @@ A partition suppresses no timer ticks, offloads no RCU callbacks and moves no IR
 for interrupts and `[bootargs]` (`nohz_full`, `rcu_nocbs`, `irqaffinity`) for the rest.
 
 Processes get into the partition through `[[process]]` rules with `move_to_partition = true`.
+Where such a server runs in a cgroup of its own (a systemd unit's, a container's), that cgroup
+becomes the partition instead and nothing is moved (`in_place`, Linux 6.7+; see
+tuners/inplace.py and docs/systemd.md); `plan` says which is done, and why.
 
 Several partitions: `partitions = "node"` makes one sibling partition per NUMA node, holding
 the set's CPUs there (`<cgroup>.node0`, `<cgroup>.node1`, ...); `partitions = "gpu"` one per
@@ -83,8 +86,9 @@ from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
 from gputuned.kernel import Kernel, mounts
-from gputuned.kernel.system import Partition, valid_partitions
+from gputuned.kernel.system import Partition, has_exclusive_cpus, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
+from gputuned.tuners import inplace
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
 _CGROUP_NS = "/proc/self/ns/cgroup"
@@ -123,6 +127,16 @@ class Config(BaseModel):
             "'one' partition holding the whole set (every node), one sibling partition per "
             "NUMA 'node' (the set's CPUs there), or one per 'gpu' (each member of a per = "
             "'gpu' set). With several, [[process]] move_to_partition needs by_gpu = true."
+        ),
+    )
+    in_place: StrictBool = Field(
+        default=True,
+        description=(
+            "Where the processes of the [[process]] rules that move into the partition all "
+            "live in one cgroup of their own (a systemd unit's, a container's), make that "
+            "cgroup the partition (Linux 6.7+) instead of moving them into `cgroup`: they stay "
+            "in their unit, whose stop, status and MemoryMax=/TasksMax= keep working. "
+            "false: always move them. plan says which, and why."
         ),
     )
     housekeeping_cores: StrictInt = Field(
@@ -236,9 +250,17 @@ class CpusetTuner:
             out.refused.append(_shared_refusal(self.name, cfg, shared))
             return out
         self._plan_controller(ctx, layout.v2_mount, cfg.report_only, out)
-        for part in parts:
-            self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
         ours = {p.cgroup for p in parts}
+        here = inplace.decision(ctx)
+        said = inplace.in_place_note(here, cpus, cfg.cgroup)
+        if said is not None:
+            out.notes.append(said)
+        if here.place is None:
+            for part in parts:
+                self._plan_partition(ctx, cfg, part, layout.v2_mount, out)
+        else:  # the server's own cgroup is the partition (tuners/inplace.py)
+            self._plan_in_place(ctx, cfg, here.place, cpus, layout.v2_mount, out)
+            ours.add(here.place.cgroup.lstrip("/"))
         held = _held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
         if held:
             out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
@@ -259,6 +281,35 @@ class CpusetTuner:
                 in_sync="cpuset" in ctx.cgroup.v2_subtree,
             )
         )
+
+    def _plan_in_place(
+        self,
+        ctx: PlanContext,
+        cfg: Config,
+        place: inplace.InPlace,
+        cpus: frozenset[int],
+        mount: str,
+        out: TunerPlan,
+    ) -> None:
+        """gputuned's own cgroup stays (the daemon's placeholder for when the server stops)
+        without CPUs; the server's cgroup becomes the partition."""
+        group = f"{mount}/{cfg.cgroup}"
+        if ctx.kernel.is_dir(group):
+            out.changes.append(
+                Change(
+                    self.name,
+                    f"cgroup {cfg.cgroup}",
+                    "present",
+                    "present",
+                    "holds the partition while no server runs",
+                    group,
+                    cfg.report_only,
+                    kind="cgroup",
+                    in_sync=True,
+                )
+            )
+            inplace.release(ctx, group, cfg.cgroup, cfg.report_only, out)
+        inplace.plan(ctx, place, cpus, cfg.mode, out)
 
     def _plan_partition(
         self, ctx: PlanContext, cfg: Config, part: PartitionSpec, mount: str, out: TunerPlan
@@ -297,7 +348,7 @@ class CpusetTuner:
         # inside cpuset.cpus. The partition type last. Revert goes newest first: the type,
         # cpuset.cpus, and the claim is let go last.
         steps = []
-        if _has_exclusive(kernel, mount, group if exists else None):
+        if has_exclusive_cpus(kernel, mount, group if exists else None):
             steps.append(
                 ("cpuset.cpus.exclusive", cpulist, "cpulist", "claims the CPUs for this partition")
             )
@@ -383,21 +434,6 @@ def _check_remount(kernel: Kernel, mount: mounts.Mount, wanted: str) -> None:
             "mount options only from the initial one (apply_cgroup_root_flags())"
         )
     mounts.remount_call(mount, wanted)  # refuses a mount that one remount cannot keep as it is
-
-
-def _has_exclusive(kernel: Kernel, mount: str, group: str | None) -> bool:
-    """Whether this kernel has cpuset.cpus.exclusive (6.7+): look at the group or any child."""
-    if group is not None:
-        return kernel.exists(f"{group}/cpuset.cpus.exclusive")
-    # cpuset.cpus.isolated, in the root cgroup, came with the same cpuset rework (6.7+); it is
-    # there even before any child has the cpuset controller enabled.
-    if kernel.exists(f"{mount}/cpuset.cpus.isolated"):
-        return True
-    return any(
-        kernel.exists(f"{mount}/{name}/cpuset.cpus.exclusive")
-        for name in kernel.listdir(mount)
-        if kernel.is_dir(f"{mount}/{name}")
-    )
 
 
 def _shared_refusal(

@@ -5,7 +5,7 @@ descendant inherited. The [[process]] table and its rules are :mod:`gputuned.tun
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputuned import errors
 from gputuned.cpulist import format_cpulist
@@ -13,6 +13,7 @@ from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.kernel.system import cgroup_cpus, nearest_cgroup
 from gputuned.settings.threads import DEFAULT_AFFINITY, policy_value
+from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import Target, by_gpu_targets
 from gputuned.tuners.process import Config
@@ -115,6 +116,8 @@ class ProcessTuner:
         if full.start_time != c.start:
             return None
         tuned = tuned_by(ctx, rule)
+        if tuned.cgroup is not None and inplace.decision(ctx).place is not None:
+            tuned = replace(tuned, cgroup=None)  # its own cgroup is the partition: no move
         orig = origins(full, c, tuned, parent_origin(ctx, c, origin_of), ctx.original)
         origin_of[pid] = orig
         return _Placing(rule, full, c, orig, tuned)

@@ -724,7 +724,8 @@ def test_kill_mid_apply(lane: Lane) -> None:
 
 
 def _tree(m: Machine, want: str) -> dict[str, Any]:
-    """Wait until every process of the tree is ``want`` ("placed" or "home"); its probe.
+    """Wait until every process of the tree is ``want`` ("placed", "in place" or "home"); its
+    probe. "in place": all in the unit, API, engine and worker nice -10 on 2-3.
 
     "placed": in the partition, nice -10, on its CPUs; the resource tracker (left out) in its
     unit, nice 0, on what its cgroup allows while the partition holds 2-3: CPUs 0-1. "home":
@@ -739,7 +740,11 @@ def _tree(m: Machine, want: str) -> dict[str, Any]:
             return None
         for role, p in tree.items():
             for t in p["tasks"]:
-                if want == "placed" and role != "tracker":
+                if want == "in place":  # the unit's cgroup is the partition
+                    ok = t["cgroup"] == home and (
+                        role == "tracker" or (t["nice"] == -10 and set(t["affinity"]) <= PARTITION)
+                    )
+                elif want == "placed" and role != "tracker":
                     ok = (
                         t["cgroup"] == "/gputuned.inference"
                         and t["nice"] == -10
@@ -810,6 +815,179 @@ def test_process_tree(lane: Lane) -> None:
             f"tree first: placed {first:.0f} s after start; daemon first: "
             f"{len(entries)} processes journaled; both stops = capture, exit 0"
         )
+
+
+# ---- unit keeps its processes (issue 17: the partition made in place) ---------------------------
+
+#: The tree's unit limits for the phase (a runtime drop-in): a placed child that takes more
+#: memory is OOM-killed in the unit's cgroup; OOMPolicy=continue keeps the rest running.
+UNIT_LIMITS = "[Service]\nMemoryMax=160M\nMemorySwapMax=0\nTasksMax=64\nOOMPolicy=continue\n"
+LIMITS_DROPIN = f"/run/systemd/system/{TREE_UNIT}.d/50-gputuned-vm-limits.conf"
+ALLOWED_DROPIN = f"/run/systemd/system.control/{TREE_UNIT}.d/50-AllowedCPUs.conf"
+INPLACE_PROFILE = f"{GUEST_DIR}/vm-inplace.toml"
+#: What the kernel says of the unit's cgroup and gputuned's, as JSON (the guest's python3).
+_UNIT_STATE = f"""
+import json, os
+cg = "/sys/fs/cgroup/system.slice/{TREE_UNIT}"
+def r(p):
+    try:
+        return open(p).read().strip()
+    except OSError:
+        return None
+out = {{n: r(f"{{cg}}/{{n}}") for n in ("cpuset.cpus", "cpuset.cpus.partition",
+       "cpuset.cpus.effective", "pids.max", "pids.current", "memory.max", "memory.events")}}
+out["procs"] = [int(p) for p in (r(f"{{cg}}/cgroup.procs") or "").split()]
+out["ours"] = {{n: r(f"/sys/fs/cgroup/gputuned.inference/{{n}}")
+               for n in ("cpuset.cpus.partition", "cpuset.cpus.effective", "cgroup.procs")}}
+out["dropin"] = os.path.exists("{ALLOWED_DROPIN}")
+print(json.dumps(out))
+"""
+
+
+def _unit_state(m: Machine) -> dict[str, Any]:
+    res = sh(m, f"python3 -c '{_UNIT_STATE}'")
+    data: dict[str, Any] = json.loads(res.out)
+    data["allowed"] = show(m, TREE_UNIT, "AllowedCPUs")["AllowedCPUs"]
+    return data
+
+
+def _in_place(m: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait until the tree is placed in place: every process in the unit's cgroup, which is a
+    valid isolated partition on CPUs 2-3; API, engine and worker nice -10 on 2-3; nothing in
+    gputuned's cgroup, which is a member without CPUs. Returns (probe, unit state)."""
+    st = _tree(m, "in place")
+
+    def partition() -> Any:
+        u = _unit_state(m)
+        valid = u["cpuset.cpus.partition"] == "isolated"
+        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
+
+    u = wait_for("the unit's cgroup an isolated partition on 2-3", partition, timeout=60, every=2)
+    assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
+    assert u["ours"]["cpuset.cpus.partition"] in ("member", None), u
+    pids = {p["pid"] for p in st["tree"].values()}
+    assert pids <= set(u["procs"]), (pids, u["procs"])
+    status = sh(m, f"systemctl status --no-pager -l {TREE_UNIT}", check=False).out
+    unlisted = [pid for pid in pids if not re.search(rf"\b{pid}\b", status)]
+    assert not unlisted, f"systemctl status does not list {unlisted}:\n{status}"
+    return st, u
+
+
+def test_unit_keeps_its_processes(lane: Lane) -> None:
+    m = lane.need("process tree")
+    with lane.phase(
+        "unit keeps its processes",
+        "the tree's unit (MemoryMax=, TasksMax=) is made the partition in place: every process "
+        "stays in the unit's cgroup (cgroup.procs, systemctl status), a valid isolated "
+        "partition on 2-3 that a daemon-reload keeps; gputuned stopped: AllowedCPUs= as "
+        "before, no drop-in, capture equal; a placed child past MemoryMax= OOM-killed; restart "
+        "placed in place again; stop leaves no process and nothing in gputuned's cgroup",
+    ) as ph:
+        try:
+            _unit_keeps_its_processes(m, ph)
+        finally:
+            _back_to_the_lane(m)
+
+
+def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
+    times: dict[str, float] = {}
+    t0 = time.monotonic()
+    profile = (HERE / "guest/vm-host.toml").read_text()
+    m.put(INPLACE_PROFILE, profile.replace("in_place = false", "in_place = true").encode())
+    m.put(LIMITS_DROPIN, UNIT_LIMITS.encode())
+    # Tree first, one-shot: gputuned stopped, the unit with its limits started, a capture.
+    sh(m, f"systemctl stop {UNIT} {WORKLOAD} && systemctl daemon-reload")
+    sh(m, f"systemctl start {TREE_UNIT}")
+    wait_for("tree.py up", lambda: probe(m)["tree"], timeout=120, every=2)
+    before = _unit_state(m)
+    assert before["allowed"] == "" and not before["dropin"], before
+    assert before["pids.max"] == "64" and before["memory.max"] == str(160 << 20), before
+    sh(
+        m,
+        f"rm -rf {CAPTURES}/unit-before && gputunectl capture --stable {CAPTURES}/unit-before",
+    )
+    # One-shot apply (no daemon yet: the tree is placed as it runs), then the daemon
+    # adopts it: the profile applied is now the one it keeps.
+    sh(m, f"gputunectl apply {INPLACE_PROFILE} && systemctl start {UNIT}")
+    st, u = _in_place(m)
+    assert cpulist(u["allowed"]) == PARTITION and u["dropin"], u
+    assert int(u["pids.current"]) >= sum(len(p["tasks"]) for p in st["tree"].values()), u
+    times["placed"] = time.monotonic() - t0
+    # systemd's view agrees: a reload and its realize keep the partition's CPUs.
+    sh(m, "systemctl daemon-reload")
+    _in_place(m)
+    # Stopping gputuned puts the unit back as it was.
+    sh(m, f"systemctl stop {UNIT}")
+    after = _unit_state(m)
+    assert after["allowed"] == "" and not after["dropin"], after
+    assert after["cpuset.cpus"] in ("", None) and after["cpuset.cpus.partition"] in (
+        "member",
+        None,
+    ), after
+    diff = _capture_diff(m, "unit-after-stop", base="unit-before")
+    assert diff == "", f"after gputuned's stop the host differs:\n{diff}"
+    # Daemon running: a placed child past MemoryMax= is OOM-killed in the unit's cgroup.
+    sh(m, f"systemctl start {UNIT}")
+    st, _ = _in_place(m)
+    worker = st["tree"]["worker"]["pid"]
+    sh(m, f"kill -USR1 {worker}")
+
+    seen: dict[str, Any] = {}
+
+    def oom_killed() -> Any:
+        u = _unit_state(m)
+        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
+        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
+        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
+
+    try:
+        wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
+    except AssertionError:
+        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
+    # restart: the new processes are placed in place again.
+    old = {p["pid"] for p in st["tree"].values()}
+    t1 = time.monotonic()
+    sh(m, f"systemctl restart {TREE_UNIT}")
+    st, _ = _in_place(m)
+    assert not old & {p["pid"] for p in st["tree"].values()}
+    times["restart"] = time.monotonic() - t1
+    # stop: nothing of the tree left, nothing in gputuned's cgroup, which takes the CPUs back.
+    new = {p["pid"] for p in st["tree"].values()}
+    sh(m, f"systemctl stop {TREE_UNIT}")
+    left = [pid for pid in new | old if os_alive(m, pid)]
+    assert not left, f"processes outlived systemctl stop: {left}"
+
+    def held_again() -> Any:
+        got = probe(m)["gputuned_cgroups"].get("gputuned.inference")
+        return got if got and got["partition"] == "isolated" and not got["procs"] else None
+
+    ours = wait_for("gputuned's cgroup holding 2-3 again", held_again, timeout=60, every=2)
+    assert set(ours["effective"]) == PARTITION, ours
+    gone = _unit_state(m)
+    assert not gone["dropin"] and gone["allowed"] == "", gone
+    ph.detail = (
+        f"placed in place {times['placed']:.0f} s into the phase; worker OOM-killed "
+        f"at MemoryMax=160M; restart placed again in {times['restart']:.0f} s; "
+        "gputuned's stop = capture"
+    )
+
+
+def _back_to_the_lane(m: Machine) -> None:
+    """The lane's profile and workload for the phases after this one, whatever happened: the
+    tree stopped, its limits gone, gputuned running vm-host.toml, the workload placed."""
+    sh(
+        m,
+        f"systemctl stop {TREE_UNIT}; rm -f {LIMITS_DROPIN}; systemctl daemon-reload",
+        check=False,
+    )
+    sh(m, f"systemctl start {UNIT} && gputunectl apply {PROFILE} && systemctl start {WORKLOAD}")
+
+
+def os_alive(m: Machine, pid: int) -> bool:
+    """A process that runs: a killed child its parent has not reaped yet (a zombie, as the
+    OOM-killed worker is, its engine never waiting for it) does not count."""
+    res = sh(m, f"grep -s '^State:' /proc/{pid}/status", check=False)
+    return res.rc == 0 and "zombie" not in res.out
 
 
 def test_reboot_reapplies(lane: Lane) -> None:

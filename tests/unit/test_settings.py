@@ -31,6 +31,8 @@ KINDS = {
     "policy",
     "proc_cgroup",
     "irqbalance",
+    "borrowed_cpuset",
+    "unit_property",
 }
 
 

@@ -475,7 +475,9 @@ def test_nested_partitions(tmp_path: Path) -> None:
     host.mkdir(f"{CG}/m")
     host.write_text(f"{CG}/m/cgroup.subtree_control", "+cpuset")
     got = partition(host, f"{CG}/m/p", "1", "root")
-    assert got == "root invalid (Parent is not a partition root)\n"
+    # A member parent: a remote partition (6.7+), whose exclusive CPUs must be handed down by
+    # every ancestor first; m hands none (remote_partition_enable(): PERR_INVCPUS).
+    assert got == "root invalid (Invalid cpu list in cpuset.cpus.exclusive)\n"
 
     host.write_text(f"{CG}/m/cpuset.cpus.partition", "root")  # no CPUs: invalid parent
     assert read(root, f"{CG}/m/p/cpuset.cpus.partition") == (
@@ -505,8 +507,48 @@ def test_cpuset_cpus_errors(tmp_path: Path) -> None:
     assert read(root, f"{CG}/g/cpuset.cpus") == "1-3\n"
     assert read(root, f"{CG}/g/cpuset.cpus.effective") == "1-3\n"
     add_process(root, 9, comm="w", cmdline=["w"], exe=None, start_time=1, cgroup="/g")
+    host.write_text(f"{CG}/g/cpuset.cpus.partition", "root")
     with pytest.raises(errors.NoSpace, match="would have no CPU"):
         host.write_text(f"{CG}/g/cpuset.cpus", "")
+    # A member may on cgroup v2 (validate_change() refuses it on the legacy hierarchy only):
+    # it takes its parent's CPUs, as a unit whose AllowedCPUs= systemd resets.
+    host.write_text(f"{CG}/g/cpuset.cpus.partition", "member")
+    host.write_text(f"{CG}/g/cpuset.cpus", "")
+    assert read(root, f"{CG}/g/cpuset.cpus.effective") == read(root, f"{CG}/cpuset.cpus.effective")
+
+
+def test_a_remote_partition_takes_its_cpus_from_the_top_and_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    """cgroup-v2.rst "cpuset.cpus.partition": the exclusive CPUs written down the hierarchy
+    first; the partition's CPUs leave every other cgroup; a member again, they come back."""
+    root = tree("h200-captured", tmp_path)
+    before = digest(root)
+    host = tree_kernel(root)
+    host.mkdir(f"{CG}/s")
+    host.write_text(f"{CG}/s/cgroup.subtree_control", "+cpuset")
+    host.mkdir(f"{CG}/s/u")
+    host.write_text(f"{CG}/s/cpuset.cpus.exclusive", "2-3")
+    assert read(root, f"{CG}/s/cpuset.cpus.exclusive.effective") == "2-3\n"
+    host.write_text(f"{CG}/s/u/cpuset.cpus.exclusive", "2-3")
+    host.write_text(f"{CG}/s/u/cpuset.cpus.partition", "root")
+    assert read(root, f"{CG}/s/u/cpuset.cpus.partition") == "root\n"
+    assert read(root, f"{CG}/s/u/cpuset.cpus.effective") == "2-3\n"
+    assert read(root, f"{CG}/cpuset.cpus.effective") == "0-1,4-15\n"
+    assert read(root, f"{CG}/s/cpuset.cpus.effective") == "0-1,4-15\n"
+    assert read(root, f"{CG}/s/cpuset.cpus.exclusive.effective") == "2-3\n"
+    # A sibling of s may not claim them.
+    host.mkdir(f"{CG}/t")
+    with pytest.raises(errors.InvalidValue):
+        host.write_text(f"{CG}/t/cpuset.cpus.exclusive", "3")
+    host.rmdir(f"{CG}/t")
+    host.write_text(f"{CG}/s/u/cpuset.cpus.partition", "member")
+    assert read(root, f"{CG}/cpuset.cpus.effective") == "0-15\n"
+    host.rmdir(f"{CG}/s/u")
+    host.write_text(f"{CG}/s/cpuset.cpus.exclusive", "")
+    host.write_text(f"{CG}/s/cgroup.subtree_control", "-cpuset")
+    host.rmdir(f"{CG}/s")
+    assert digest(root) == before
 
 
 def test_format_helpers_agree_with_trees() -> None:

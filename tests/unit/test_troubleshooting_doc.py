@@ -26,8 +26,15 @@ PACKAGE = REPO / "gputuned"
 MIN_PIECE = 10
 #: Functions (and properties) whose return values are reasons shown inside others: each
 #: setting's "not possible here" reasons, why a cgroup layout has no partitions, why a PCI
-#: function's registers cannot be used.
-_REASON_FUNCTIONS = ("not_possible", "why_no_partitions", "unusable")
+#: function's registers cannot be used, the plan's line about a partition made in place and
+#: why one is not.
+_REASON_FUNCTIONS = (
+    "not_possible",
+    "why_no_partitions",
+    "unusable",
+    "why_not_in_place",
+    "in_place_note",
+)
 
 #: Reasons that come from outside the call's function: (file, source text) -> where the text
 #: they carry comes from (each of those is a literal this test checks, or an error class).
@@ -44,6 +51,10 @@ DYNAMIC: dict[tuple[str, str], str] = {
         "gputuned/settings/registry.py",
         "setting(op.kind).not_possible(op, exc)",
     ): "each setting's own not_possible (gputuned/settings/), whose reasons are checked here",
+    (
+        "gputuned/tuners/cpuset.py",
+        "inplace.in_place_note(here, cpus, cfg.cgroup)",
+    ): "tuners/inplace.py in_place_note() (with why_not_in_place()), quoted in the page",
     (
         "gputuned/kernel/pci.py",
         "self.config.unreadable[0][1]",

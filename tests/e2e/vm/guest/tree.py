@@ -10,6 +10,7 @@ for the test. Started by gputuned-vm-tree.service.
 import json
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from multiprocessing import resource_tracker
@@ -28,10 +29,18 @@ def idle(n: int) -> None:
 
 
 def worker(q: "mp.Queue[tuple[str, int]]") -> None:
+    # SIGUSR1 blocked before any thread starts, so every thread inherits the mask and the
+    # signal waits for sigwait() below: a handler would run only once the main thread woke,
+    # and the kernel may deliver the signal to a thread sleeping elsewhere.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     rename("VM::Worker_TP0")
     idle(1)
     q.put(("worker", os.getpid()))
-    time.sleep(1e6)
+    # SIGUSR1: take 400 MiB of memory (touched), past the unit's MemoryMax= in the phase
+    # "unit keeps its processes": the kernel must OOM-kill this process in the unit's cgroup.
+    signal.sigwait({signal.SIGUSR1})
+    held = b"x" * (400 << 20)
+    time.sleep(1e6 + len(held))
 
 
 def engine(q: "mp.Queue[tuple[str, int]]") -> None:

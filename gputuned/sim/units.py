@@ -1,0 +1,93 @@
+"""systemd's side of a unit's cgroup property, in a tree (a tree with /run/systemd/system).
+
+``set-property --runtime UNIT AllowedCPUs=CPUS`` as systemd 257 carries it out
+(src/core/dbus-cgroup.c bus_cgroup_set_property(), src/core/cgroup.c): it writes the drop-in
+under /run/systemd/system.control, and while the unit has a cgroup it enables the cpuset
+controller from the top down to the unit's parent (cgroup.subtree_control) and writes the
+unit's ``cpuset.cpus``. Simplified: no unit files are read (a property is what the drop-in
+says, else empty), a ``.service`` is always loaded, a ``.scope`` only while its cgroup exists,
+and on a reset the cpuset controller goes from the parents (below the root) whose children
+no longer need it.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import os
+
+from gputuned.cpulist import format_cpulist
+from gputuned.kernel.systemd import dropin, section
+from gputuned.sim import cgroups, cpusets
+from gputuned.sim.files import TreeFiles, fail
+
+
+def unit_cgroup(tf: TreeFiles, unit: str) -> str | None:
+    """The unit's cgroup in the tree (a directory of that name below slices), or None."""
+    for mount in tf.cgroup2_mounts():
+        for top, dirs, _files in os.walk(tf.real(mount)):
+            if unit in dirs:
+                rel = os.path.relpath(os.path.join(top, unit), tf.root)
+                return "/" + rel
+            dirs[:] = [d for d in dirs if d.endswith(".slice")]
+    return None
+
+
+def _loaded(tf: TreeFiles, unit: str) -> bool:
+    return unit.endswith(".service") or unit_cgroup(tf, unit) is not None
+
+
+def show(tf: TreeFiles, unit: str, name: str) -> str | None:
+    if not _loaded(tf, unit):
+        return None
+    for line in (tf.get(dropin(unit, name)) or "").splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def set_property(tf: TreeFiles, unit: str, name: str, value: str) -> None:
+    if not _loaded(tf, unit):
+        raise fail(E.ENOENT, f"Unit {unit} not loaded.")
+    if name != "AllowedCPUs":
+        raise fail(E.EINVAL, f"property {name} is not modelled")
+    cpus = tf.parse_cpus(value, as_list=True) if value.strip() else frozenset()
+    path = tf.real(dropin(unit, name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shown = format_cpulist(cpus) if cpus else ""
+    path.write_text(
+        '# This is a drop-in unit file extension, created via "systemctl set-property"\n'
+        "# or an equivalent operation. Do not edit.\n"
+        f"[{section(unit)}]\n{name}={shown}\n"
+    )
+    cg = unit_cgroup(tf, unit)
+    if cg is None:
+        return
+    mount = tf.cgroup2_mount(cg)
+    assert mount is not None
+    parents = _parents(mount, cg)
+    if cpus:
+        for at in parents:  # the cpuset controller on every parent, from the top
+            if "cpuset" not in (tf.get(f"{at}/cgroup.subtree_control") or "").split():
+                cgroups.write_subtree_control(tf, mount, at, "+cpuset")
+    cpusets.write_cpus(tf, mount, cg, shown)
+    if not cpus:
+        # A slice's members that need cpuset no more: systemd realizes the slice with the
+        # controllers its members need (src/core/cgroup.c unit_get_members_mask()).
+        for at in reversed(parents[1:]):
+            needed = any(_needs_cpuset(tf, kid) for kid in tf.children(at))
+            if not needed and "cpuset" in (tf.get(f"{at}/cgroup.subtree_control") or "").split():
+                cgroups.write_subtree_control(tf, mount, at, "-cpuset")
+
+
+def _parents(mount: str, cg: str) -> list[str]:
+    parts = cg[len(mount) :].strip("/").split("/")
+    return [mount] + [f"{mount}/{'/'.join(parts[:i])}" for i in range(1, len(parts))]
+
+
+def _needs_cpuset(tf: TreeFiles, cg: str) -> bool:
+    """A unit with AllowedCPUs= (a non-empty cpuset.cpus), or a slice enabling it below."""
+    return (
+        bool((tf.get(f"{cg}/cpuset.cpus") or "").strip())
+        or "cpuset" in (tf.get(f"{cg}/cgroup.subtree_control") or "").split()
+    )

@@ -1,0 +1,239 @@
+"""Partition in place (issue 17, items 1 and 2): a server under systemd or in a container keeps
+its processes in its own cgroup, which becomes the partition (gputuned/tuners/inplace.py).
+
+The tree is vLLM-shaped (tests/unit/test_process_tree.py): API server, EngineCore and worker
+started with the spawn context, the resource tracker. A tree with /run/systemd/system has
+systemd as PID 1 (modelled in gputuned/sim/units.py); one without it stands for the lent H200
+host or a container host, where a runtime made a plain cgroup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gputuned.daemon.core import Daemon
+from gputuned.engine.apply import apply_profile, read_state, revert_all
+from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.verify import verify_plan
+from gputuned.kernel.proc import read_process
+from gputuned.profile.load import load_profile
+from gputuned.service.procwatch import ProcEvent
+from tests.fakeproc import add_process, remove_process
+from tests.faults import tree_kernel
+from tests.unit.test_apply import digest, tree_copy
+from tests.unit.test_daemon import profile_file
+from tests.unit.test_process_tree import API, CORE, TRACKER, WORKER, feed, vllm_tree
+
+UNIT = "/system.slice/inference.service"
+CG = "sys/fs/cgroup"
+DROPIN = "run/systemd/system.control/inference.service.d/50-AllowedCPUs.conf"
+TREE = (API, CORE, WORKER, TRACKER)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_notify(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    monkeypatch.delenv("WATCHDOG_USEC", raising=False)
+
+
+def host(tmp_path: Path, *, systemd: bool = True, tree: str = "h200-captured") -> Path:
+    root = tree_copy(tree, tmp_path, server=False)
+    if systemd:
+        (root / "run/systemd/system").mkdir(parents=True)
+        # made by gputuned.service's ExecStartPre (a mount point in its sandbox: it stays)
+        (root / "run/systemd/system.control").mkdir()
+    return root
+
+
+def read(root: Path, cg: str, name: str) -> str:
+    return (root / CG / cg.strip("/") / name).read_text().strip()
+
+
+def cgroups_of(root: Path, pids: tuple[int, ...] = TREE) -> set[str]:
+    return {read_process(tree_kernel(root), p).cgroup for p in pids}
+
+
+def notes(plan: PlanResult, start: str) -> list[str]:
+    return [n for n in plan.notes if n.startswith(start)]
+
+
+def moves(plan: PlanResult) -> list[str]:
+    return [c.target for c in plan.settings if c.kind == "proc_cgroup"]
+
+
+def test_a_units_tree_gets_its_partition_in_place_and_revert_is_exact(tmp_path: Path) -> None:
+    root = host(tmp_path)
+    vllm_tree(root, cgroup=UNIT)
+    before = digest(root)
+    prof = load_profile(profile_file(tmp_path))
+
+    plan = plan_profile(tree_kernel(root), prof)
+    (said,) = notes(plan, "cpuset: partition in place: ")
+    assert f"{UNIT} (unit inference.service, told AllowedCPUs=1-4) becomes the partition" in said
+    assert moves(plan) == []
+    kinds = [c.kind for c in plan.changes if c.tuner == "cpuset" and c.kind != "mount"]
+    # systemd first (it writes the unit's cpuset.cpus), then system.slice's claim, the unit's
+    assert kinds == ["unit_property"] + ["borrowed_cpuset"] * 4, kinds
+
+    _plan, rep = apply_profile(tree_kernel(root), prof)
+    assert rep.failed == []
+    assert cgroups_of(root) == {UNIT}, "every server process is still in the unit's cgroup"
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
+    assert read(root, "/system.slice", "cpuset.cpus.exclusive") == "1-4"
+    assert read(root, "", "cpuset.cpus.effective") == "0,5-15"  # taken from everyone else
+    assert not (root / CG / "gputuned.inference").exists()
+    assert "AllowedCPUs=1-4" in (root / DROPIN).read_text()
+    for pid in TREE:
+        assert read_process(tree_kernel(root), pid).threads[0].affinity == frozenset(range(1, 5))
+
+    rep = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
+    assert rep.count("drifted") == 0 and rep.exit_code == 0, [ln.target for ln in rep.lines]
+    # systemd rewrites the unit's cpuset.cpus from AllowedCPUs= (a realize): nothing drifts.
+    tree_kernel(root).set_unit_property("inference.service", "AllowedCPUs", "1-4")
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+
+    assert revert_all(tree_kernel(root)).failed == []
+    assert digest(root) == before
+    assert not (root / DROPIN).parent.exists(), "the drop-in gputuned caused is gone"
+
+
+def test_a_runtimes_plain_cgroup_without_systemd(tmp_path: Path) -> None:
+    """A container's cgroup made by a runtime on a host where systemd is not PID 1 (as on the
+    lent H200 host): the same partition, no systemd call, the controller enabled by gputuned."""
+    root = host(tmp_path, systemd=False)
+    box = "/docker/3f2a9c"
+    vllm_tree(root, cgroup=box)
+    before = digest(root)
+    prof = load_profile(profile_file(tmp_path))
+    plan, rep = apply_profile(tree_kernel(root), prof)
+    (said,) = notes(plan, "cpuset: partition in place: ")
+    assert "(no systemd unit: the plain cgroup of a container or runtime)" in said
+    assert not [c for c in plan.settings if c.kind == "unit_property"]
+    assert rep.failed == [] and cgroups_of(root) == {box}
+    assert read(root, box, "cpuset.cpus.partition") == "root"
+    assert "cpuset" in read(root, "/docker", "cgroup.subtree_control").split()
+    assert not (root / "run/systemd").exists()
+    assert revert_all(tree_kernel(root)).failed == []
+    assert digest(root) == before
+
+
+def test_a_session_scope_with_a_shell_falls_back_to_the_move(tmp_path: Path) -> None:
+    root = host(tmp_path)
+    scope = "/system.slice/session-4.scope"
+    vllm_tree(root, cgroup=scope)
+    add_process(
+        root, 7100, comm="bash", cmdline=["-bash"], exe="/bin/bash", start_time=9, cgroup=scope
+    )
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
+    (said,) = notes(plan, "cpuset: not partitioned in place: ")
+    assert f"{scope} also holds pid 7100 ('bash'), not the server's" in said
+    assert f"moved out of {scope} into /gputuned.inference" in said
+    assert len(moves(plan)) == len(TREE)
+
+
+def test_a_users_session_is_never_partitioned_in_place(tmp_path: Path) -> None:
+    root = host(tmp_path)
+    home = "/user.slice/user-990.slice/session-3.scope"
+    vllm_tree(root, cgroup=home)
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
+    (said,) = notes(plan, "cpuset: not partitioned in place: ")
+    assert f"{home} is a user's cgroup: its user may move any of their processes in" in said
+
+
+def test_a_kernel_without_exclusive_cpus_falls_back(tmp_path: Path) -> None:
+    """h200-vm was captured on a kernel without cpuset.cpus.exclusive (before 6.7)."""
+    root = host(tmp_path, tree="h200-vm")
+    vllm_tree(root, cgroup=UNIT)
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
+    (said,) = notes(plan, "cpuset: not partitioned in place: ")
+    assert "this kernel has no cpuset.cpus.exclusive (Linux 6.7+)" in said
+    assert len(moves(plan)) == len(TREE)
+
+
+def test_two_server_units_for_one_partition_fall_back(tmp_path: Path) -> None:
+    root = host(tmp_path)
+    vllm_tree(root, cgroup=UNIT)
+    add_process(
+        root,
+        6000,
+        comm="python3",
+        cmdline=["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        exe="/usr/bin/python3.11",
+        start_time=60,
+        cgroup="/system.slice/inference-b.service",
+        uid=990,
+    )
+    plan = plan_profile(tree_kernel(root), load_profile(profile_file(tmp_path)))
+    (said,) = notes(plan, "cpuset: not partitioned in place: ")
+    assert "the server's processes are in 2 cgroups" in said
+    assert len(moves(plan)) == len(TREE) + 1
+
+
+def test_daemon_first_then_the_unit_starts_stops_and_restarts(tmp_path: Path) -> None:
+    """The placeholder holds the CPUs until the unit's processes appear; they get the
+    partition in place; the unit stops (its cgroup removed by systemd): the placeholder takes
+    the CPUs back; the restarted unit's processes are placed in place again; the daemon's
+    stop leaves the host as it was."""
+    root = host(tmp_path)
+    tree_kernel(root).mkdir(f"/{CG}/system.slice")  # systemd's, there before any unit
+    before = digest(root)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    assert read(root, "/gputuned.inference", "cpuset.cpus.partition") == "root"
+
+    def start_unit() -> None:
+        vllm_tree(root, cgroup=UNIT)
+        feed(d, *(ProcEvent("exec", p, p) for p in TREE))
+
+    start_unit()
+    assert cgroups_of(root) == {UNIT}
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert read(root, "/gputuned.inference", "cpuset.cpus.partition") == "member"
+    assert read(root, "/gputuned.inference", "cpuset.cpus") == ""
+    assert (root / DROPIN).is_file()
+
+    # systemctl stop: every process ends, then systemd removes the unit's cgroup.
+    for pid in TREE:
+        remove_process(root, pid)
+    tree_kernel(root).rmdir(f"/{CG}{UNIT}")
+    feed(d, *(ProcEvent("exit", p, p) for p in TREE))
+    assert read(root, "/gputuned.inference", "cpuset.cpus.partition") == "root"
+    assert read(root, "/gputuned.inference", "cpuset.cpus.exclusive.effective") == "1-4"
+    assert read(root, "/system.slice", "cpuset.cpus.exclusive") == ""
+    assert not (root / DROPIN).exists()
+    assert d.claims == {}
+
+    start_unit()  # systemctl start (or the second half of a restart)
+    assert cgroups_of(root) == {UNIT}
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
+    assert d.stop() == 0
+    for pid in TREE:  # the unit outlives the daemon, as it was before it
+        remove_process(root, pid)
+    tree_kernel(root).rmdir(f"/{CG}{UNIT}")
+    assert digest(root) == before
+
+
+def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(tmp_path: Path) -> None:
+    """systemctl restart: the old processes' exits and the new ones' execs arrive together,
+    and the new cgroup has the old one's name; it is no partition until the daemon makes it
+    one again."""
+    root = host(tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    vllm_tree(root, cgroup=UNIT)
+    feed(d, *(ProcEvent("exec", p, p) for p in TREE))
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    for pid in TREE:
+        remove_process(root, pid)
+    tree_kernel(root).rmdir(f"/{CG}{UNIT}")
+    vllm_tree(root, cgroup=UNIT)
+    assert read(root, UNIT, "cpuset.cpus.partition") == "member"
+    feed(d, *(ProcEvent("exit", p, p) for p in TREE), *(ProcEvent("exec", p, p) for p in TREE))
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
+    assert cgroups_of(root) == {UNIT}
+    assert d.stop() == 0
