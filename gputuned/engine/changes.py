@@ -6,7 +6,7 @@ types from here; the engine collects them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -100,6 +100,9 @@ class PlanContext:
     original: Callable[[str], str | None] = field(default=lambda _key: None)
     #: Which GPUs a process uses (NVML, device nodes, environment), read when first asked.
     gpu_use: GpuUse | None = None
+    #: Processes whose CPUs the daemon leaves to them (they bind themselves): pid -> start
+    #: time (gputuned/daemon/selfbind.py). Their affinity is not planned.
+    self_bound: Mapping[int, int] = field(default_factory=dict)
 
 
 class Tuner(Protocol):
