@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
-from gputuned.daemon.selfbind import BindWatch, SelfBound, drop_originals
+from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
 from gputuned.engine.apply import (
     ApplyReport,
     apply_profile,
@@ -25,7 +25,6 @@ from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_processes, plan_profile, read_context
 from gputuned.engine.verify import verify_plan
 from gputuned.kernel import Kernel
-from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.profile.model import Profile
 from gputuned.service.control import ControlServer
@@ -40,7 +39,7 @@ from gputuned.store.state import ACTIVE, HostLock
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.process import Claim, claim_processes
-from gputuned.tuners.selfbind import binding_notes
+from gputuned.tuners.selfbind import warnings_for
 from gputuned.tuners.spread import Held, held_threads
 
 log = logging.getLogger("gputuned")
@@ -408,61 +407,31 @@ class Keeper:
         self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
 
     def _warn_binding(self, pids: list[int]) -> None:
-        """The plan's warning (tuners/selfbind.py) for those of ``pids`` a rule matches that
-        will bind themselves, kept for status; their command lines and environments are read
-        again (a process renamed or exec'd since may be another engine now)."""
-        if self.ctx is None:
-            return
+        """The plan's warning for those of ``pids`` a rule matches that will bind themselves,
+        kept for status (tuners/selfbind.py: their command lines and environments are read
+        again, since a process renamed or exec'd may be another engine now)."""
         for pid in pids:
             self.binding_warnings.pop(pid, None)
-            c = self.claims.get(pid)
-            if c is None or c.role != "match":
-                continue
-            try:
-                proc = read_process(self.kernel, pid, threads=False, brief=True)
-            except (errors.TargetGone, errors.PermissionDenied):
-                continue
-            notes = binding_notes(dataclasses.replace(self.ctx, processes=[proc]), self.claims)
-            if notes:
-                self.binding_warnings[pid] = notes[0]
+        if self.ctx is not None:
+            self.binding_warnings.update(warnings_for(self.ctx, self.claims, pids))
 
     def _check_self_binding(self) -> tuple[set[str], set[int]]:
-        """The drift check of placed processes' CPUs: the settings read, and the processes
-        whose CPUs are undone now and still to be repaired."""
-        assert self.profile is not None
+        """The drift check of placed processes' CPUs (daemon/selfbind.py): the settings read,
+        and the processes whose CPUs are undone now and still to be repaired. One found
+        binding itself under "respect" leaves the settings kept, with its journaled original
+        CPUs (revert must not undo its binding)."""
+        assert self.profile is not None and self.journal is not None
         modes = {r.name: r.self_binding for r in self.profile.process}
         read, undone, found = self.binds.check(self.kernel, self.settings, self.claims, modes)
         for sb in found:
-            self._found_self_binding(sb)
+            self.counters["self_binding"] += 1
+            if sb.mode == "respect":
+                self.settings = without_cpus(self.settings, sb.pid)
+                self.held.pop(sb.pid, None)
+            report(sb, drop_originals(self.journal, sb) if sb.mode == "respect" else 0)
+        if any(sb.mode == "respect" for sb in found):
+            self._verify()  # status, metrics: its CPUs are "left to the process" from now on
         return read, {pid for pid in undone if pid not in self.binds.self_bound()}
-
-    def _found_self_binding(self, sb: SelfBound) -> None:
-        """One log line per process found; under "respect" its CPUs leave the settings kept
-        and its journaled original CPUs are dropped (revert must not undo its binding)."""
-        self.counters["self_binding"] += 1
-        if sb.mode != "respect":
-            log.warning(
-                "daemon: pid %d (rule %s) set its own CPUs back twice right after gputuned set "
-                'them (now %s, gputuned\'s %s); self_binding = "override": repairing on',
-                sb.pid, sb.rule, sb.cpus, sb.wanted,
-            )  # fmt: skip
-            return
-        self.settings = [
-            c
-            for c in self.settings
-            if not (c.kind == "thread" and c.data.get("attr") == "affinity"
-                    and c.data.get("pid") == sb.pid)
-        ]  # fmt: skip
-        self.held.pop(sb.pid, None)
-        assert self.journal is not None
-        n = drop_originals(self.journal, sb.pid, sb.start)
-        log.warning(
-            "daemon: pid %d (rule %s) set its own CPUs back twice right after gputuned set them "
-            '(now %s, gputuned\'s %s); leaving its CPUs to it (self_binding = "respect", %d '
-            "journaled original(s) dropped); nice, policy and IRQs stay applied",
-            sb.pid, sb.rule, sb.cpus, sb.wanted, n,
-        )  # fmt: skip
-        self._verify()  # status, metrics: its CPUs are "left to the process" from now on
 
     def _schedule(self) -> None:
         t = now()

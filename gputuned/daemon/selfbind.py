@@ -169,16 +169,44 @@ def _undone(kernel: Kernel, ch: Change) -> tuple[str, str] | None:
     return None
 
 
-def drop_originals(journal: Journal, pid: int, start: int) -> int:
+def without_cpus(settings: list[Change], pid: int) -> list[Change]:
+    """``settings`` less the CPUs of ``pid`` (all its threads)."""
+    return [
+        c
+        for c in settings
+        if not (
+            c.kind == "thread" and c.data.get("attr") == "affinity" and c.data.get("pid") == pid
+        )
+    ]
+
+
+def drop_originals(journal: Journal, sb: SelfBound) -> int:
     """Forget the journaled original CPUs of a process left to itself: revert must not undo
     its own binding, nor a later apply put it back as a leftover. Returns how many."""
     keys = [
         e.op.key
         for e in journal.entries()
         if e.op.kind == "affinity"
-        and e.op.data.get("pid") == pid
-        and e.op.data.get("start") == start
+        and e.op.data.get("pid") == sb.pid
+        and e.op.data.get("start") == sb.start
     ]
     if keys:
         journal.drop_many(keys)
     return len(keys)
+
+
+def report(sb: SelfBound, dropped: int) -> None:
+    """The one log line for a process found binding itself."""
+    if sb.mode != "respect":
+        log.warning(
+            "daemon: pid %d (rule %s) set its own CPUs back twice right after gputuned set "
+            'them (now %s, gputuned\'s %s); self_binding = "override": repairing on',
+            sb.pid, sb.rule, sb.cpus, sb.wanted,
+        )  # fmt: skip
+        return
+    log.warning(
+        "daemon: pid %d (rule %s) set its own CPUs back twice right after gputuned set them "
+        '(now %s, gputuned\'s %s); leaving its CPUs to it (self_binding = "respect", %d '
+        "journaled original(s) dropped); nice, policy and IRQs stay applied",
+        sb.pid, sb.rule, sb.cpus, sb.wanted, dropped,
+    )  # fmt: skip

@@ -32,11 +32,13 @@ through :func:`gputuned.kernel.gpuuse.environ_values` (bounded, printable values
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 
+from gputuned import errors
 from gputuned.engine.changes import PlanContext
 from gputuned.kernel.gpuuse import environ_values
-from gputuned.kernel.proc import ProcInfo
+from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.textsafe import printable
 from gputuned.tuners.proctree import Claim
 
@@ -156,3 +158,23 @@ def binding_notes(ctx: PlanContext, claims: Mapping[int, Claim]) -> list[str]:
             f"CPUs ({engine}: {why}); {then}. To have gputuned place it, {FIX[engine]}"
         )
     return notes
+
+
+def warnings_for(
+    ctx: PlanContext, claims: Mapping[int, Claim], pids: Iterable[int]
+) -> dict[int, str]:
+    """The daemon's :func:`binding_notes` for some processes (new ones, or every claimed one
+    after a full apply), by PID: each matched one is read again, briefly."""
+    out: dict[int, str] = {}
+    for pid in pids:
+        c = claims.get(pid)
+        if c is None or c.role != "match":
+            continue
+        try:
+            proc = read_process(ctx.kernel, pid, threads=False, brief=True)
+        except (errors.TargetGone, errors.PermissionDenied):
+            continue
+        notes = binding_notes(dataclasses.replace(ctx, processes=[proc]), claims)
+        if notes:
+            out[pid] = notes[0]
+    return out

@@ -16,23 +16,21 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gputuned.engine.apply import revert_all
 from gputuned.engine.journal import Journal
 from gputuned.kernel.proc import read_process
 from gputuned.service.controlclient import request
 from tests.faults import live_kernel
 from tests.integration.livedaemon import running_daemon
-from tests.integration.test_proctree_live import wait_until
+from tests.integration.test_proctree_live import profile, setup, wait_until
 
 pytestmark = pytest.mark.usefixtures("as_root")
+__all__ = ["setup"]  # the fixture: 2 CPUs or more, no profile applied, reverted after
 
 #: One thread (os.sched_setaffinity(0) sets the calling thread): it keeps the CPUs named on its
 #: command line (the daemon may place it before Python has started), checking every 50 ms;
@@ -87,38 +85,6 @@ class Binder:
         self.proc.wait()
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if (os.cpu_count() or 0) < 2:
-        pytest.skip("needs 2 CPUs or more: the rule pins the process to CPU 1")
-    if len(Journal(live_kernel())):
-        pytest.fail("a profile is applied on this machine (journal not empty): not touched")
-    token = f"gputuned-binder-{uuid.uuid4().hex[:8]}"
-    script = tmp_path / f"{token}.py"
-    script.write_text(BINDER)
-    prof = tmp_path / "binder.toml"
-    prof.write_text(
-        textwrap.dedent(
-            f"""
-            name = "binder-live"
-            [cpusets.inference]
-            cpus = "1"
-            [daemon]
-            drift_interval_s = 0.5
-            [[process]]
-            name = "binder"
-            match.uid = 0
-            match.cmdline = "{token}"
-            cpus = "inference"
-            nice = -3
-            """
-        )
-    )
-    yield {"script": script, "profile": prof, "tmp": tmp_path}
-    if len(Journal(live_kernel())):
-        revert_all(live_kernel())  # a failed test leaves nothing applied
-
-
 def nice_cpus(pid: int) -> tuple[int, frozenset[int]]:
     t = read_process(live_kernel(), pid).threads[0]
     return t.nice, t.affinity
@@ -128,8 +94,13 @@ def test_a_process_that_resets_its_own_cpus_twice_is_left_to_them(
     setup: dict[str, Any],
 ) -> None:
     own = os.getpriority(os.PRIO_PROCESS, 0)  # the nice the process inherits from this one
-    with running_daemon(setup["profile"], setup["tmp"]) as d:
-        b = Binder(setup["script"], frozenset(os.sched_getaffinity(0)))
+    tmp, token = setup["tmp"], setup["token"]
+    script = tmp / f"{token}-binder.py"  # its path names the token the rule matches
+    script.write_text(BINDER)
+    prof = profile(tmp, token)  # CPU 1, nice -3; drift checks every half second here
+    prof.write_text(prof.read_text().replace("drift_interval_s = 3600", "drift_interval_s = 0.5"))
+    with running_daemon(prof, tmp) as d:
+        b = Binder(script, frozenset(os.sched_getaffinity(0)))
         try:
             assert b.cpus != frozenset({1}), "this test must run on more than CPU 1"
 
@@ -144,10 +115,10 @@ def test_a_process_that_resets_its_own_cpus_twice_is_left_to_them(
             assert nice_cpus(b.pid) == (-3, b.cpus), "nice stays gputuned's, CPUs the process's"
             st = request(live_kernel(), {"cmd": "status"})
             (sb,) = [s for s in st["self_binding"] if s["pid"] == b.pid]
-            assert (sb["rule"], sb["mode"], sb["wanted"]) == ("binder", "respect", "1")
+            assert (sb["rule"], sb["mode"], sb["wanted"]) == ("server", "respect", "1")
             rep = request(live_kernel(), {"cmd": "verify"})
             mine = [ln for ln in rep["settings"] if ln["status"] == "left to the process"]
-            assert [ln["target"] for ln in mine] == [f"pid {b.pid} CPUs (rule binder)"]
+            assert [ln["target"] for ln in mine] == [f"pid {b.pid} CPUs (rule server)"]
             assert rep["counts"]["drifted"] == 0
             d.send_signal(signal.SIGTERM)
             assert d.wait(timeout=30) == 0
