@@ -13,10 +13,12 @@ What each engine does, read from its source (the commits named are those read):
   ``get_numa_node_if_available``): each scheduler process is started through ``numactl`` on
   the node given by ``--numa-node`` (one per GPU), or, without it, on its GPU's node when
   ``SGLANG_AUTO_NUMA_BIND`` is on and the host has a second node (``/sys/devices/system/node/
-  node1``). That variable defaults to on in the current ``environ.py`` ("NUMA and CPU
-  affinity": ``EnvBool(True)``; older releases had ``False``): no server argument turns the
-  automatic binding off, ``SGLANG_AUTO_NUMA_BIND=0`` does. ``SGLANG_SET_CPU_AFFINITY=1`` (off
-  by default) makes each scheduler set its own affinity (``sched_setaffinity``) as well.
+  node1``). Its default differs between versions of ``python/sglang/srt/environ.py``: the
+  newest read (section "NUMA and CPU affinity") has ``EnvBool(True)``, earlier ones ``False``
+  (and the oldest no such variable); gputuned cannot tell the version running, so an unset
+  variable counts as on. No server argument turns the automatic binding off;
+  ``SGLANG_AUTO_NUMA_BIND=0`` does. ``SGLANG_SET_CPU_AFFINITY=1`` (off by default) makes each
+  scheduler set its own affinity (``sched_setaffinity``) as well.
 - **TensorRT-LLM** (NVIDIA/TensorRT-LLM, ``docs/source/deployment-guide/
   configuring-cpu-affinity.md`` at fd5169a3): ``TLLM_NUMA_AWARE_WORKER_AFFINITY`` unset: each
   worker sets NUMA-aware CPUs on itself when its affinity is unconstrained and *clears* an
