@@ -10,7 +10,6 @@ sched_setaffinity(2) from the process would: no gputuned write in between.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -234,14 +233,12 @@ def test_which_engine_flags_bind(
 def test_a_hostile_command_line_is_read_bounded() -> None:
     """Any user writes their own command line: the flags are looked for among the first
     MAX_TOKENS words only, compared as plain strings (no pattern to blow up)."""
-    t0 = time.process_time()
     long = "vllm serve " + "x " * 1_000_000 + "--numa-bind"
     assert binds_itself(long, {}, 2) is None
     near = "vllm serve " + "x " * (MAX_TOKENS - 4) + "--numa-bind"
     assert binds_itself(near, {}, 2) == ("vLLM", "--numa-bind")
     found = binds_itself("sglang serve", {"SGLANG_AUTO_NUMA_BIND": "\x1b[2J" * 100}, 2)
     assert found is not None and "\x1b" not in found[1] and len(found[1]) < 120, found
-    assert time.process_time() - t0 < 5  # a generous bound on a linear scan of 2 MB
 
 
 @pytest.mark.parametrize(
