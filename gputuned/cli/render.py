@@ -271,6 +271,17 @@ def render_verify(report: VerifyReport, *, verbose: bool) -> None:
     )
 
 
+def self_binding_line(sb: dict[str, Any]) -> str:
+    """One process the daemon found binding itself (gputuned/daemon/selfbind.py)."""
+    head = (
+        f"pid {sb.get('pid')} (rule {shown(str(sb.get('rule')))}) set its own CPUs back twice "
+        f"(now {shown(str(sb.get('cpus')))}, gputuned's {shown(str(sb.get('wanted')))}): "
+    )
+    if sb.get("mode") == "respect":
+        return head + 'left to the process (self_binding = "respect"); nice and IRQs still applied'
+    return head + 'repaired at every drift check (self_binding = "override")'
+
+
 def render_status(data: dict[str, Any]) -> None:
     out = console()
     if data["active_profile"] is None and not data["journal_entries"]:
@@ -291,6 +302,10 @@ def render_status(data: dict[str, Any]) -> None:
             out.print(f"Placed processes: {', '.join(map(str, data['placed']))}")
         for note in data.get("notes") or []:
             out.print(f"  [yellow]note[/] {shown(note)}")
+        for sb in data.get("self_binding") or []:
+            out.print(f"  [yellow]binds itself[/] {self_binding_line(sb)}")
+        for warning in data.get("binding_warnings") or []:
+            out.print(f"  [yellow]note[/] {shown(warning)}")
     else:
         out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():

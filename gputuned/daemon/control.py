@@ -11,6 +11,7 @@ from typing import Any
 from gputuned import __version__, errors
 from gputuned.daemon.access import VERIFY_CACHE_S, profile_from_request, request_flag
 from gputuned.daemon.keeper import Keeper
+from gputuned.daemon.selfbind import BindWatch
 from gputuned.engine.apply import read_state, restore_processes, revert_all
 from gputuned.engine.plan import plan_profile, read_context
 from gputuned.engine.verify import verify_plan
@@ -46,6 +47,7 @@ class ControlHandlers(Keeper):
             rep = revert_all(self.kernel, lock=False, journal=self.journal)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
             self.reload_path, self._verify_cache, self.held = None, None, {}
+            self.binds = BindWatch()
             self.status = "idle: reverted (gputunectl apply PROFILE)"
             self._schedule()
             self.notify.send(f"STATUS={self.status}")
@@ -80,10 +82,16 @@ class ControlHandlers(Keeper):
         if peer.uid != 0 and cached and cached[1] == strict and t - cached[0] < VERIFY_CACHE_S:
             return cached[2]
         vrep = verify_plan(
-            plan_profile(self.kernel, self.profile, registered=self.registered),
+            plan_profile(
+                self.kernel,
+                self.profile,
+                registered=self.registered,
+                self_bound=self.binds.self_bound(),
+            ),
             read_state(self.kernel),
             strict=strict,
         )
+        vrep.lines += self.binds.lines()
         out = vrep.to_json()
         self._verify_cache = (t, strict, out)
         return out
@@ -143,6 +151,10 @@ class ControlHandlers(Keeper):
             "verify": self.last_verify,
             "verified_at": self.last_verify_at,
             "notes": self.setup_notes + SEARCHES.notes(),
+            # Placed processes that bind themselves (daemon/selfbind.py), and the plan's
+            # warnings for matched processes that will (tuners/selfbind.py).
+            "self_binding": [sb.to_json() for sb in self.binds.found.values()],
+            "binding_warnings": list(self.binding_warnings.values()),
         }  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
+from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
 from gputuned.engine.apply import (
     ApplyReport,
     apply_profile,
@@ -39,6 +40,7 @@ from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.process import Claim, claim_processes
+from gputuned.tuners.selfbind import warnings_for
 from gputuned.tuners.spread import Held, held_threads
 
 log = logging.getLogger("gputuned")
@@ -81,6 +83,10 @@ class Keeper:
         # a partition is planned against them (tuners/spread.py).
         self.held: dict[int, Held] = {}
         self.counters = {"repairs": 0, "replans": 0, "placements": 0, "reloads": 0}
+        self.counters["self_binding"] = 0  # processes found binding themselves (selfbind.py)
+        self.binds = BindWatch()
+        #: The plan's warning for each matched process that will bind itself, by PID.
+        self.binding_warnings: dict[int, str] = {}
         self.status = "starting"
         self.last_verify: dict[str, Any] = {}
         self.running = True
@@ -152,6 +158,7 @@ class Keeper:
         assert self.profile is not None
         if why in ("start", "reload", "apply"):
             SEARCHES.reset()  # a pattern suspended for its CPU budget gets a new chance
+        self.binds.keep_rules({r.name: r.self_binding for r in self.profile.process})
         plan, report = apply_profile(
             self.kernel,
             self.profile,
@@ -161,10 +168,15 @@ class Keeper:
             registered=self.registered,
             journal=self.journal,
             reload_path=self.reload_path,
+            self_bound=self.binds.self_bound(),
         )
         self._keep_alive()
         self.ctx = read_context(
-            self.kernel, self.profile, registered=self.registered, journal=self.journal
+            self.kernel,
+            self.profile,
+            registered=self.registered,
+            journal=self.journal,
+            self_bound=self.binds.self_bound(),
         )
         inplace.decision(self.ctx)  # what this apply made, before its processes change
         self.settings = [
@@ -178,6 +190,8 @@ class Keeper:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
         self._keep_alive()
         self._refresh_placed()
+        self.binding_warnings = {}
+        self._warn_binding(sorted(self.claims))
         self._settle_gpu_use()
         self._verify()
         self._keep_alive()
@@ -195,9 +209,12 @@ class Keeper:
             self.notify.send(f"STATUS={self.status}")
             return None
 
-    def _drifted(self) -> bool:
-        """Does any applied setting no longer hold? Reads only those settings' files."""
+    def _drifted(self, skip: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Does any applied setting no longer hold? Reads only those settings' files (not those
+        of ``skip``: read already)."""
         for ch in self.settings:
+            if ch.key in skip:
+                continue
             for op in expand(ch):
                 try:
                     if not holds(self.kernel, op, op.value)[0]:
@@ -229,10 +246,15 @@ class Keeper:
         assert self.profile is not None
         rep = verify_plan(
             plan_profile(
-                self.kernel, self.profile, registered=self.registered, journal=self.journal
+                self.kernel,
+                self.profile,
+                registered=self.registered,
+                journal=self.journal,
+                self_bound=self.binds.self_bound(),
             ),
             read_state(self.kernel),
         )
+        rep.lines += self.binds.lines()
         self.last_verify = rep.to_json()["counts"]
         self.last_verify_at = time.time()
         failed = self.last_verify["drifted"]
@@ -250,10 +272,16 @@ class Keeper:
             return
         t0 = time.perf_counter()
         ctx = dataclasses.replace(
-            self.ctx, claimed=self.claims, registered=self.registered, held=self.held
+            self.ctx,
+            claimed=self.claims,
+            registered=self.registered,
+            held=self.held,
+            self_bound=self.binds.self_bound(),
         )
         settings, claims = plan_processes(ctx, pids, threads)
         self.claims.update(claims)
+        if threads is None:
+            self._warn_binding(pids)
         if claims and self._in_place_moved():
             return
         if not settings:
@@ -354,6 +382,8 @@ class Keeper:
         """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
         self.held.pop(pid, None)
         self._threads.pop(pid, None)
+        self.binds.forget(pid)
+        self.binding_warnings.pop(pid, None)
         if self.claims.pop(pid, None) is None:
             return False
         self.settings = [
@@ -405,6 +435,33 @@ class Keeper:
             )
         self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
 
+    def _warn_binding(self, pids: list[int]) -> None:
+        """The plan's warning for those of ``pids`` a rule matches that will bind themselves,
+        kept for status (tuners/selfbind.py: their command lines and environments are read
+        again, since a process renamed or exec'd may be another engine now)."""
+        for pid in pids:
+            self.binding_warnings.pop(pid, None)
+        if self.ctx is not None:
+            self.binding_warnings.update(warnings_for(self.ctx, self.claims, pids))
+
+    def _check_self_binding(self) -> tuple[set[str], set[int]]:
+        """The drift check of placed processes' CPUs (daemon/selfbind.py): the settings read,
+        and the processes whose CPUs are undone now and still to be repaired. One found
+        binding itself under "respect" leaves the settings kept, with its journaled original
+        CPUs (revert must not undo its binding)."""
+        assert self.profile is not None and self.journal is not None
+        modes = {r.name: r.self_binding for r in self.profile.process}
+        read, undone, found = self.binds.check(self.kernel, self.settings, self.claims, modes)
+        for sb in found:
+            self.counters["self_binding"] += 1
+            if sb.mode == "respect":
+                self.settings = without_cpus(self.settings, sb.pid)
+                self.held.pop(sb.pid, None)
+            report(sb, drop_originals(self.journal, sb) if sb.mode == "respect" else 0)
+        if any(sb.mode == "respect" for sb in found):
+            self._verify()  # status, metrics: its CPUs are "left to the process" from now on
+        return read, {pid for pid in undone if pid not in self.binds.self_bound()}
+
     def _schedule(self) -> None:
         t = now()
         wd = watchdog_interval()
@@ -441,10 +498,12 @@ class Keeper:
             return
         if self._next.get("drift", float("inf")) <= t:
             self._drift_ticks += 1
-            # Cheap check first: re-read only what was applied. A full re-plan (every process,
-            # device and IRQ read again) runs when something drifted, and every 10th tick to
-            # catch what no event announced.
-            if self._drifted() or self._drift_ticks >= 10:
+            # Cheap check first: re-read only what was applied, placed processes' CPUs first
+            # (one that keeps setting its own back is left to it: daemon/selfbind.py). A full
+            # re-plan (every process, device and IRQ read again) runs when something drifted,
+            # and every 10th tick to catch what no event announced.
+            read, undone = self._check_self_binding()
+            if undone or self._drifted(skip=read) or self._drift_ticks >= 10:
                 report = self._reapply("drift repair")
                 if report is not None:
                     self.counters["repairs"] += len(report.written)

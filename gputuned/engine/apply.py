@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,7 @@ def apply_profile(
     registered: dict[int, tuple[int, str]] | None = None,
     journal: Journal | None = None,
     reload_path: str | None = None,
+    self_bound: Mapping[int, int] | None = None,
 ) -> tuple[PlanResult, ApplyReport]:
     """Make the host match ``profile``; only differences are written.
 
@@ -190,12 +191,15 @@ def apply_profile(
     ``lock=False`` is for the daemon, which holds the host lock for its whole life.
     ``registered`` maps PIDs placed by hand (``gputunectl register``) to (start time, rule).
     ``journal``: the caller's open journal (the daemon keeps one for its whole life).
+    ``self_bound``: processes whose CPUs the daemon leaves to them (pid -> start time).
     """
     t0 = time.monotonic()
     with HostLock(kernel) if lock else contextlib.nullcontext():
         check_state_files(kernel)  # before any write: a state file others could write is refused
         journal = journal if journal is not None else Journal(kernel)
-        plan = plan_profile(kernel, profile, registered=registered, journal=journal)
+        plan = plan_profile(
+            kernel, profile, registered=registered, journal=journal, self_bound=self_bound
+        )
         report = ApplyReport()
         managed = managed_op_keys(plan.settings)
         # A partition made in place that this plan no longer keeps (its unit stopped) gives

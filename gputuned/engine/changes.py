@@ -6,7 +6,7 @@ types from here; the engine collects them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -103,6 +103,9 @@ class PlanContext:
     #: What tuners work out once from this reading of the host and share (the partition made
     #: in place: tuners/inplace.py decision()); a copy made with dataclasses.replace shares it.
     memo: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: Processes whose CPUs the daemon leaves to them (they bind themselves): pid -> start
+    #: time (gputuned/daemon/selfbind.py). Their affinity is not planned.
+    self_bound: Mapping[int, int] = field(default_factory=dict)
 
 
 class Tuner(Protocol):

@@ -206,9 +206,22 @@ def daemon_metrics(kernel: Kernel, status: dict[str, Any], *, nvml: bool = True)
         ("replans", "Re-plans after PCI udev events."),
         ("placements", "Process placements that wrote something."),
         ("reloads", "Profile reloads (SIGHUP)."),
+        ("self_binding", "Placed processes found setting their own CPUs back (twice in a row)."),
     ):
         if name in d:
             exp.family(f"gputuned_{name}_total", "counter", text, [({}, int(d[name]))])
+    if "self_binding" in status:
+        found = [s for s in status["self_binding"] if isinstance(s, dict)]
+        exp.family(
+            "gputuned_self_binding_processes",
+            "gauge",
+            "Placed processes that bind themselves, by the rule's self_binding: 'respect' "
+            "(their CPUs left to them) or 'override' (repaired on).",
+            [
+                ({"mode": mode}, sum(1 for s in found if s.get("mode") == mode))
+                for mode in ("respect", "override")
+            ],
+        )
     registered = {int(k): str(v) for k, v in (status.get("registered") or {}).items()}
     pids = sorted(set(status.get("placed") or []) | set(registered))
     exp.family(

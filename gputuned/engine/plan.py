@@ -88,6 +88,7 @@ def read_context(
     *,
     registered: dict[int, tuple[int, str]] | None = None,
     journal: Journal | None = None,
+    self_bound: Mapping[int, int] | None = None,
 ) -> PlanContext:
     """The host read once for ``profile``. ``journal``: the caller's open journal, whose
     originals the process rules need (a child's original is its parent's; a process matched
@@ -117,6 +118,7 @@ def read_context(
         irq_nodes=irq_nodes,
         original=journal_originals(kernel, journal),
         gpu_use=gpu_use(kernel, cpus.gpus, snap.nvml) if gpu_rules else None,
+        self_bound=dict(self_bound or {}),
     )
 
 
@@ -163,6 +165,7 @@ def plan_profile(
     registered: dict[int, tuple[int, str]] | None = None,
     allow_blocked: bool = False,
     journal: Journal | None = None,
+    self_bound: Mapping[int, int] | None = None,
 ) -> PlanResult:
     """Every change ``profile`` would make through ``kernel``, and what it refuses. Writes nothing.
 
@@ -173,7 +176,9 @@ def plan_profile(
     from gputuned.cpulist import format_cpulist
     from gputuned.daemon.access import daemon_refusals
 
-    ctx = read_context(kernel, profile, registered=registered, journal=journal)
+    ctx = read_context(
+        kernel, profile, registered=registered, journal=journal, self_bound=self_bound
+    )
     result = PlanResult(
         profile=profile.name,
         root=str(kernel.root),

@@ -1,8 +1,11 @@
 """verify: compare the live host with the profile, one line per setting.
 
-Statuses: passed, drifted, pending reboot, not possible here, report only. Exit codes: 0 ok,
-1 drift, 2 pending reboot, 3 error (the CLI maps exceptions to 3). "not possible here" (firmware
-owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify unless ``strict``.
+Statuses: passed, drifted, pending reboot, not possible here, report only, left to the process.
+Exit codes: 0 ok, 1 drift, 2 pending reboot, 3 error (the CLI maps exceptions to 3). "not
+possible here" (firmware owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify unless
+``strict``. "left to the process" (only the daemon's verify has it: a placed process that binds
+itself, whose CPUs the daemon stopped repairing under ``self_binding = "respect"``,
+gputuned/daemon/selfbind.py) never fails verify, ``strict`` or not: the rule asked for it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ from typing import Any
 
 from gputuned.engine.plan import PlanResult
 
-PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY = (
+PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND = (
     "passed",
     "drifted",
     "pending reboot",
     "not possible here",
     "report only",
+    "left to the process",
 )
-STATUSES = (PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY)
+STATUSES = (PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,13 @@ def device_minors(host: Kernel, pid: int) -> frozenset[int]:
 def gpu_environ(host: Kernel, pid: int) -> dict[str, str]:
     """The GPU variables of ``pid``'s environment at exec (:data:`GPU_VARIABLES`); empty when
     unreadable. Values are cut to :data:`VALUE_LIMIT` and must be printable ASCII."""
+    return environ_values(host, pid, GPU_VARIABLES)
+
+
+def environ_values(host: Kernel, pid: int, names: tuple[str, ...]) -> dict[str, str]:
+    """The variables ``names`` of ``pid``'s environment at exec, the first of each; empty when
+    unreadable. Any user writes their own environment: at most :data:`ENVIRON_LIMIT` bytes are
+    read, values are cut to :data:`VALUE_LIMIT` and must be printable ASCII."""
     try:
         data = host.read_bytes(f"/proc/{pid}/environ", size=ENVIRON_LIMIT)
     except errors.HostError:
@@ -81,7 +88,7 @@ def gpu_environ(host: Kernel, pid: int) -> dict[str, str]:
         if not eq:
             continue
         name = key.decode("ascii", errors="replace")
-        if name in GPU_VARIABLES and name not in out:
+        if name in names and name not in out:
             text = value[:VALUE_LIMIT].decode("ascii", errors="replace")
             if text.isprintable():
                 out[name] = text

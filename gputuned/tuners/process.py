@@ -386,6 +386,15 @@ class Config(BaseModel):
             "policy, CPUs or the partition. Without it plan and apply refuse such a rule."
         ),
     )
+    self_binding: Literal["respect", "override"] = Field(
+        default="respect",
+        description=(
+            "A process that sets its own CPUs back (SGLang, vLLM --numa-bind, TensorRT-LLM): "
+            "'respect' (the daemon stops repairing its CPUs once it has undone gputuned's "
+            "twice in a row, right after gputuned set them; nice, policy and IRQs are still "
+            "applied) or 'override' (repair at every drift check, as for any drift)."
+        ),
+    )
     report_only: StrictBool = Field(
         default=False,
         description="Report what would change and change nothing.",

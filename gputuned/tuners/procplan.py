@@ -28,6 +28,7 @@ from gputuned.tuners.proctree import (
     tuned_by,
 )
 from gputuned.tuners.procwrite import ChangeWriter
+from gputuned.tuners.selfbind import binding_notes
 from gputuned.tuners.spread import Spread, tree_spreads
 
 
@@ -51,6 +52,7 @@ class ProcessTuner:
         claims = claim(ctx.processes, claim_input(ctx, out.notes))
         targets = by_gpu_targets(ctx, claims, out.notes)
         out.notes += SEARCHES.notes()
+        out.notes += binding_notes(ctx, claims)
         found = {c.rule for c in claims.values() if c.role == "match"}
         for rule in ctx.profile.process:
             if rule.name not in found:
@@ -163,7 +165,8 @@ class ProcessTuner:
             self._move_by_gpu(ctx, w, p, target)
         elif tuned.cgroup is not None:
             w.move(tuned.cgroup, orig.get("cgroup") if proc.cgroup == tuned.cgroup else None)
-        if rule.cpus != "keep":
+        if rule.cpus != "keep" and ctx.self_bound.get(proc.pid) != proc.start_time:
+            # (A process the daemon leaves its CPUs to: it binds itself, daemon/selfbind.py.)
             cpus = ctx.sets.sets[rule.cpus] if target is None else target.cpus
             if target is not None and not cpus:
                 return w.out  # no CPU of its nodes is outside the partitions (noted)

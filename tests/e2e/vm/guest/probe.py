@@ -130,6 +130,15 @@ def numa_tree() -> dict[str, Any] | None:
     return {role: {"pid": pid, "tasks": tasks(pid)} for role, pid in json.loads(text).items()}
 
 
+def selfbind() -> dict[str, Any] | None:
+    """The self-binding stand-in (selfbind.py): its own count of resets, and its tasks."""
+    text = read("/run/gputuned-vm-selfbind.json")
+    if not text:
+        return None
+    state: dict[str, Any] = json.loads(text)
+    return {**state, "tasks": tasks(int(state["pid"]))}
+
+
 def gputuned_cgroups() -> dict[str, Any]:
     """Every cgroup gputuned may make at the top (gputuned.inference*): partition state,
     effective CPUs, processes."""
@@ -204,6 +213,7 @@ print(
             "workload": workload(),
             "tree": tree(),
             "numa_tree": numa_tree(),
+            "selfbind": selfbind(),
             "gputuned_cgroups": gputuned_cgroups(),
             "nvidia_nodes": nvidia_nodes(),
             "nodes": {
