@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gputuned.cli.render import console
+from gputuned.cli.render import console, shown
 from gputuned.engine.apply import ApplyReport
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import read_context
@@ -31,7 +31,11 @@ def grub_dropin(args: list[str]) -> str:
     )
 
 
-def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: bool) -> int:
+def bootargs(
+    kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: bool, again: str = ""
+) -> int:
+    """Print (and with ``write_grub`` write) the arguments; ``again``: the options a command
+    it suggests keeps (`` --root DIR``)."""
     ctx = read_context(kernel, profile)
     tuner = BootargsTuner()
     wanted = tuner.wanted(ctx)
@@ -66,5 +70,5 @@ def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: boo
     elif write_grub:
         out.print(f"{GRUB_DROPIN} already holds these arguments")
     else:
-        out.print(f"(gputunectl bootargs --write-grub writes {GRUB_DROPIN} for you)")
+        out.print(f"(gputunectl bootargs --write-grub{shown(again)} writes {GRUB_DROPIN} for you)")
     return 0

@@ -209,7 +209,7 @@ def render_plan(result: PlanResult) -> None:
         )
 
 
-def render_apply(plan: PlanResult, report: ApplyReport) -> None:
+def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -> None:
     out = console()
     out.print(
         f"Applied [bold]{shown(plan.profile)}[/]: {len(report.written)} write(s) in "
@@ -230,11 +230,13 @@ def render_apply(plan: PlanResult, report: ApplyReport) -> None:
     for f in report.failed:
         out.print(f"  [bold red]failed[/] {shown(f['target'])}: {shown(f['error'])}")
     for b in plan.pending_boot:
-        out.print(f"  [magenta]boot[/] {shown(b)} (gputunectl bootargs; needs a reboot)")
-    out.print("Undo with: gputunectl revert")
+        out.print(
+            f"  [magenta]boot[/] {shown(b)} (gputunectl bootargs{shown(root_option)}; needs a reboot)"
+        )
+    out.print(f"Undo with: gputunectl revert{shown(root_option)}")
 
 
-def render_revert(report: RevertReport) -> None:
+def render_revert(report: RevertReport, root_option: str = "") -> None:
     out = console()
     if not report.restored and not report.failed:
         out.print("Nothing to revert: the journal is empty.")
@@ -247,7 +249,7 @@ def render_revert(report: RevertReport) -> None:
     if report.failed:
         out.print(
             "Not everything was put back (listed above); what failed stays in the journal and "
-            "gputunectl revert tries it again."
+            f"gputunectl revert{shown(root_option)} tries it again."
         )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
-from gputuned.cli.args import add_active_profile, add_json, add_root, print_json
+from gputuned.cli.args import add_active_profile, add_json, add_root, print_json, root_option
 from gputuned.cli.render import (
     console,
     render_apply,
@@ -52,18 +52,20 @@ def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
     return dirs.resolve(arg), dirs
 
 
-def _profile_for(kernel: Kernel, arg: Path | None) -> tuple[Profile, str]:
+def _profile_for(args: argparse.Namespace, kernel: Kernel) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
     from gputuned.engine.apply import read_active
     from gputuned.profile.load import load_profile, parse_profile
 
+    arg: Path | None = args.profile
     if arg is not None:
         path, dirs = _profile_path(kernel, arg)
         return load_profile(path, names=dirs), str(path.absolute())
     active = read_active(kernel)
     if active is None:
         raise errors.GputunedError(
-            "no profile given and none applied on this host; name one: gputunectl verify PROFILE"
+            "no profile given and none applied on this host; name one: "
+            f"gputunectl {args.command} PROFILE{root_option(args)}"
         )
     return parse_profile(active["profile"], f"{ACTIVE} (copy of {active['source']})"), str(
         active["source"]
@@ -112,7 +114,7 @@ def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, 
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from gputuned.engine.apply import ApplyError, apply_profile
+    from gputuned.engine.apply import apply_profile
     from gputuned.profile.load import load_profile
 
     kernel = root.open_kernel(args.root)
@@ -130,22 +132,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(kernel)
-    try:
-        plan, report = apply_profile(
-            kernel, profile, keep_going=args.keep_going, source=path, reload_path=path
-        )
-    except ApplyError as exc:
-        if args.json:
-            print_json({"ok": False, "error": str(exc), **exc.report.to_json()})
-        raise
-    except errors.PlanError as exc:
-        if args.json:
-            print_json({"ok": False, "error": str(exc), "written": []})
-        raise
+    # An ApplyError's report goes into the error's JSON (gputuned/cli/output.py error_json).
+    plan, report = apply_profile(
+        kernel, profile, keep_going=args.keep_going, source=path, reload_path=path
+    )
     if args.json:
         print_json({"ok": not report.failed, "profile": plan.profile, **report.to_json()})
     else:
-        render_apply(plan, report)
+        render_apply(plan, report, root_option(args))
     return 3 if report.failed else 0
 
 
@@ -163,7 +157,7 @@ def cmd_revert(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"ok": not report.failed, **report.to_json()})
     else:
-        render_revert(report)
+        render_revert(report, root_option(args))
     return 3 if report.failed else 0
 
 
@@ -178,7 +172,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if resp is not None:
         report = VerifyReport.from_json(resp, strict=args.strict)
     else:
-        profile, _source = _profile_for(kernel, args.profile)
+        profile, _source = _profile_for(args, kernel)
         plan = plan_profile(kernel, profile, allow_blocked=True)  # a blocked one shows as lines
         report = verify_plan(plan, read_state(kernel), strict=args.strict)
     if args.prometheus:
@@ -227,7 +221,7 @@ def cmd_register(args: argparse.Namespace) -> int:
 
     kernel = root.open_kernel(args.root)
     if args.pid <= 0:
-        raise errors.GputunedError(f"{args.pid} is not a process ID; give a positive PID")
+        raise errors.UsageError(f"{args.pid} is not a process ID; give a positive PID")
     try:
         # The daemon places a process by PID *and* start time: a PID alone may name another
         # process by the time the daemon reads it (PIDs are reused).
@@ -253,8 +247,10 @@ def cmd_bootargs(args: argparse.Namespace) -> int:
     from gputuned.cli.bootargs import bootargs
 
     kernel = root.open_kernel(args.root)
-    profile, _source = _profile_for(kernel, args.profile)
-    return bootargs(kernel, profile, write_grub=args.write_grub, as_json=args.json)
+    profile, _source = _profile_for(args, kernel)
+    return bootargs(
+        kernel, profile, write_grub=args.write_grub, as_json=args.json, again=root_option(args)
+    )
 
 
 def add_tuning_commands(sub: Any) -> None:

@@ -1,8 +1,9 @@
 """verify: compare the live host with the profile, one line per setting.
 
-Statuses: passed, drifted, pending reboot, not possible here, report only. Exit codes: 0 ok,
-1 drift, 2 pending reboot, 3 error (the CLI maps exceptions to 3). "not possible here" (firmware
-owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify unless ``strict``.
+Statuses: passed, drifted, pending reboot, not possible here, report only. Exit codes (the
+table of every command: gputuned/exitcodes.py): 0 ok, 1 drift, 2 pending reboot. "not possible
+here" (firmware owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify unless
+``strict``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gputuned import exitcodes
 from gputuned.engine.plan import PlanResult
 
 PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY = (
@@ -21,6 +23,13 @@ PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY = (
     "report only",
 )
 STATUSES = (PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY)
+
+
+def verify_exit_code(counts: dict[str, int], *, strict: bool = False) -> int:
+    """What ``gputunectl verify`` exits with for these counts of each status."""
+    if counts.get(DRIFTED) or (strict and counts.get(NOT_POSSIBLE)):
+        return exitcodes.DRIFTED
+    return exitcodes.PENDING_REBOOT if counts.get(PENDING) else exitcodes.OK
 
 
 @dataclass(frozen=True)
@@ -45,11 +54,7 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
-        if self.count(DRIFTED) or (self.strict and self.count(NOT_POSSIBLE)):
-            return 1
-        if self.count(PENDING):
-            return 2
-        return 0
+        return verify_exit_code({s: self.count(s) for s in STATUSES}, strict=self.strict)
 
     def to_json(self) -> dict[str, Any]:
         return {
