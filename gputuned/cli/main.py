@@ -241,9 +241,12 @@ def _run(argv: list[str]) -> int:
 
 
 def _commands(parser: argparse.ArgumentParser) -> set[str]:
-    from gputuned.cli.manpages import _subcommands
-
-    return set(_subcommands(parser))
+    return {
+        name
+        for a in parser._actions
+        if isinstance(a, argparse._SubParsersAction)
+        for name in a.choices
+    }
 
 
 def _failed(command: str | None, exc: BaseException, code: int, text: str, as_json: bool) -> int:

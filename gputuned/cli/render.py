@@ -187,14 +187,7 @@ def render_plan(result: PlanResult) -> None:
         out.print(f"[cyan]note[/] {shown(note)}")
     render_layout(result.layout)
     if result.changes:
-        table = Table(title=f"{len(result.changes)} change(s)", show_lines=False)
-        for col in ("tuner", "target", "current → wanted", "why"):
-            table.add_column(col, overflow="fold")
-        for c in result.changes:
-            table.add_row(
-                c.tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why)
-            )
-        out.print(table)
+        out.print(_changes_table(result))
     else:
         out.print("No changes: the host already matches the profile.")
     for r in result.refused:
@@ -207,13 +200,44 @@ def render_plan(result: PlanResult) -> None:
             "[bold red]apply refuses this profile here[/] and writes nothing until what is "
             "blocked above is resolved"
         )
+    out.print(f"plan {shown(result.profile)}: {plan_counts(result)}")
+
+
+def plan_counts(result: PlanResult) -> str:
+    """The summary line's counts: what apply writes apart from what it only reports."""
+    quiet = len(result.report_only)
+    counts = [
+        f"{len(result.changes) - quiet} change(s) apply makes",
+        f"{quiet} report only (listed, never applied)" if quiet else "",
+        f"{len(result.settings) - len(result.changes)} already right",
+        f"{len(result.refused)} refused" if result.refused else "",
+        f"{len(result.pending_boot)} boot argument(s) missing" if result.pending_boot else "",
+    ]
+    return ", ".join(c for c in counts if c)
+
+
+def _changes_table(result: PlanResult) -> Table:
+    quiet = len(result.report_only)
+    title = f"{len(result.changes) - quiet} change(s)"
+    if quiet:
+        title += f", {quiet} report only (never applied)"
+    table = Table(title=title, show_lines=False)
+    for col in ("tuner", "target", "current → wanted", "why"):
+        table.add_column(col, overflow="fold")
+    # Report-only rows last and marked: they read like changes, and apply makes none of them.
+    for c in sorted(result.changes, key=lambda c: c.report_only):
+        tuner = f"{c.tuner} [yellow](report only)[/]" if c.report_only else c.tuner
+        table.add_row(tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why))
+    return table
 
 
 def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -> None:
     out = console()
+    quiet = plan.report_only
     out.print(
         f"Applied [bold]{shown(plan.profile)}[/]: {len(report.written)} write(s) in "
         f"{report.seconds * 1000:.1f} ms, {len(plan.settings) - len(plan.changes)} already right"
+        + (f", {len(quiet)} report only (not applied)" if quiet else "")
     )
     for w in report.written:
         out.print(f"  [green]set[/] {shown(w['target'])}: {shown(w['old'])} → {shown(w['new'])}")
@@ -225,6 +249,11 @@ def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -
         out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
     for s in report.skipped:
         out.print(f"  [dim]skipped[/] {shown(s['target'])}: {shown(s['reason'])}")
+    for c in quiet:
+        out.print(
+            f"  [yellow]report only[/] {c.tuner} {shown(c.target)}: "
+            f"{shown(c.current)} → {shown(c.wanted)} (not applied)"
+        )
     for rf in plan.refused:
         out.print(f"  [yellow]refused[/] {rf.tuner} {shown(rf.target)}: {shown(rf.reason)}")
     for f in report.failed:
@@ -297,3 +326,7 @@ def render_status(data: dict[str, Any]) -> None:
         out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():
         out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
+    for r in data.get("refused") or []:
+        out.print(
+            f"  [yellow]refused[/] {shown(r['tuner'])} {shown(r['target'])}: {shown(r['reason'])}"
+        )

@@ -36,12 +36,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     path, dirs = _profile_path(kernel, args.profile)
     profile = load_profile(path, names=dirs)
     result = plan_profile(kernel, profile, allow_blocked=True)
+    if not _daemon_runs(kernel):
+        # The plan's notes say what the daemon does later; without one, nobody does it.
+        later = "places the processes that start later or " if profile.process else ""
+        result.notes.append(
+            f"one-shot: no gputuned daemon runs here; after apply nobody {later}repairs drift "
+            "unless it runs: systemctl enable --now gputuned"
+        )
     if args.json:
         print_json(result.to_json())
     else:
         render_plan(result)
     # A blocked plan exits as apply would on it: PlanError's status, nothing to apply here.
     return result.blocked_error().exit_code if result.blocked else 0
+
+
+def _daemon_runs(kernel: Kernel) -> bool:
+    from gputuned.service.controlclient import daemon_running
+
+    try:
+        return daemon_running(kernel)
+    except errors.HostError:
+        return False  # its socket cannot be probed: said as if none ran (the safe reading)
 
 
 def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
@@ -175,13 +191,54 @@ def cmd_verify(args: argparse.Namespace) -> int:
         profile, _source = _profile_for(args, kernel)
         plan = plan_profile(kernel, profile, allow_blocked=True)  # a blocked one shows as lines
         report = verify_plan(plan, read_state(kernel), strict=args.strict)
+    edited = None if args.profile else _edited_since_apply(args, kernel)
     if args.prometheus:
         write_user_file_atomic(args.prometheus, report.prometheus().encode())
     if args.json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "profile_file_changed": edited})
     else:
         render_verify(report, verbose=args.verbose)
+        if edited:
+            console().print(f"[yellow]note[/] {shown(edited)}")
     return report.exit_code
+
+
+def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
+    """Why the profile file now says something else than the copy applied from it, or None.
+
+    verify compares the host with the copy active.json keeps, so an edit made since apply
+    passed unseen (issue 19, item 4). The file is loaded as apply loaded it (includes too) and
+    compared with that copy: an edit that changes nothing gputuned reads (a comment) is none.
+    """
+    from gputuned.engine.apply import read_active
+    from gputuned.profile.load import load_profile
+    from gputuned.store.profiledirs import ProfileDirs
+
+    active = read_active(kernel)
+    if active is None or not (active.get("path") or active.get("source")):
+        return None
+    where = str(active.get("path") or active["source"])
+    again = f"gputunectl apply {where}{root_option(args)}"
+    try:
+        now = load_profile(where, names=ProfileDirs.for_host(kernel))
+    except errors.ProfileError as exc:
+        first = "; ".join(f"{k}: {m}" if k else m for k, m in exc.problems[:1])
+        return (
+            f"the profile file {where} no longer loads ({first}); verify compared the host with "
+            "the copy applied from it"
+        )
+    except errors.GputunedError as exc:
+        first = str(exc).splitlines()[0]
+        return (
+            f"the profile file {where} no longer loads ({first}); verify compared the host with "
+            "the copy applied from it"
+        )
+    if now.model_dump(mode="json", by_alias=True, exclude_none=True) == active["profile"]:
+        return None
+    return (
+        f"the profile file {where} changed since it was applied; verify compared the host with "
+        f"the copy applied then: to use the edit, {again}"
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -207,6 +264,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             {"tuner": e.op.tuner, "target": e.op.target, "old": e.old} for e in journal.entries()
         ],
         "not_possible": state.get("not_possible", {}),
+        "refused": state.get("refused", []),
         "daemon": None,
     }
     if args.json:

@@ -138,6 +138,7 @@ class ControlHandlers(Keeper):
             "applied_at": state.get("applied_at"),
             "journal_entries": len(self.journal) if self.journal is not None else 0,
             "not_possible": state.get("not_possible", {}),
+            "refused": state.get("refused", []),
             "placed": sorted(self.placed),
             "registered": {str(k): v[1] for k, v in self.registered.items()},
             "verify": self.last_verify,

@@ -52,6 +52,11 @@ class PlanResult:
         return [c for c in self.settings if not c.in_sync]
 
     @property
+    def report_only(self) -> list[Change]:
+        """The changes listed and never applied (a tuner's ``report_only``)."""
+        return [c for c in self.changes if c.report_only]
+
+    @property
     def blocked(self) -> list[Refusal]:
         """Refusals that stop the whole profile: apply writes nothing while there is one."""
         return [r for r in self.refused if r.blocking]
@@ -69,6 +74,7 @@ class PlanResult:
             "layout": self.layout,
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
+            "report_only": len(self.report_only),
             "refused": [asdict(r) for r in self.refused],
             "blocked": bool(self.blocked),
             "notes": self.notes,
