@@ -7,7 +7,6 @@ The exit codes are gputuned/exitcodes.py's table; nothing here invents another.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO, cast
@@ -106,12 +105,10 @@ class ReaderGuard:
                 self._reader_gone()
 
     def _reader_gone(self) -> None:
+        from gputuned.kernel.stdio import discard
+
         self.gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, self.stream.fileno())
-        finally:
-            os.close(devnull)
+        discard(self.stream.fileno())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)

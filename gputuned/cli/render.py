@@ -304,8 +304,11 @@ def render_verify(report: VerifyReport, *, verbose: bool) -> None:
 
 def render_status(data: dict[str, Any]) -> None:
     out = console()
+    others = data.get("coexistence") or []
     if data["active_profile"] is None and not data["journal_entries"]:
         out.print("No profile applied; the journal is empty.")
+        for note in others:
+            out.print(f"[yellow]note[/] {shown(note)}")
         return
     out.print(
         f"Active profile: [bold]{shown(str(data['active_profile']))}[/] ({shown(str(data['source']))})"
@@ -330,3 +333,5 @@ def render_status(data: dict[str, Any]) -> None:
         out.print(
             f"  [yellow]refused[/] {shown(r['tuner'])} {shown(r['target'])}: {shown(r['reason'])}"
         )
+    for note in others:
+        out.print(f"[yellow]note[/] {shown(note)}")

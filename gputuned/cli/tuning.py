@@ -246,13 +246,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gputuned.engine.journal import Journal
 
     kernel = root.open_kernel(args.root)
+    active = read_active(kernel)
+    others = _neighbour_tools(kernel, active)
     resp = _daemon(kernel, {"cmd": "status"})
     if resp is not None:
         resp.pop("v", None)
         resp.pop("ok", None)
+        resp["coexistence"] = others
         print_json(resp) if args.json else render_status(resp)
         return 0
-    active = read_active(kernel)
     state = read_state(kernel)
     journal = Journal(kernel)
     data = {
@@ -265,6 +267,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ],
         "not_possible": state.get("not_possible", {}),
         "refused": state.get("refused", []),
+        "coexistence": others,
         "daemon": None,
     }
     if args.json:
@@ -272,6 +275,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         render_status(data)
     return 0
+
+
+def _neighbour_tools(kernel: Kernel, active: dict[str, Any] | None) -> list[str]:
+    """What TuneD and irqbalance do here that meets the active profile (engine/coexist.py)."""
+    from gputuned.engine.coexist import coexistence_notes
+    from gputuned.kernel.proc import iter_processes
+    from gputuned.profile.load import parse_profile
+
+    try:
+        profile = parse_profile(active["profile"], ACTIVE) if active else None
+    except errors.ProfileError:
+        profile = None  # a copy this version no longer reads: said by verify and apply
+    return coexistence_notes(kernel, profile, iter_processes(kernel, brief=True), plan=False)
 
 
 def cmd_register(args: argparse.Namespace) -> int:

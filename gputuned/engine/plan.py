@@ -14,6 +14,7 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.engine.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.engine.coexist import coexistence_notes
 from gputuned.engine.inspect import snapshot
 from gputuned.engine.journal import Journal
 from gputuned.kernel import Kernel
@@ -201,6 +202,7 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    result.notes += coexistence_notes(kernel, profile, ctx.processes, plan=True)
     result.layout = plan_layout(ctx, result.settings)
     result.refused += daemon_refusals(profile.daemon)
     if result.blocked and not allow_blocked:
