@@ -269,6 +269,8 @@ def render_revert(report: RevertReport, root_option: str = "") -> None:
     out = console()
     if not report.restored and not report.failed:
         out.print("Nothing to revert: the journal is empty.")
+        for n in report.notes:
+            out.print(f"  note: {escape(n)}")
         return
     out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms")
     for n in report.notes:

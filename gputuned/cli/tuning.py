@@ -169,7 +169,7 @@ def cmd_revert(args: argparse.Namespace) -> int:
             resp["restored"], resp["failed"], resp.get("notes", []), resp["seconds"]
         )
     else:
-        report = revert_all(kernel)
+        report = revert_all(kernel, boot_config=True)
     if args.json:
         print_json({"ok": not report.failed, **report.to_json()})
     else:
@@ -383,6 +383,6 @@ def add_tuning_commands(sub: Any) -> None:
     s.add_argument(
         "--write-grub",
         action="store_true",
-        help=f"write them to {GRUB_DROPIN} (journaled; gputunectl revert removes it)",
+        help=f"write them to {GRUB_DROPIN} (gputunectl revert removes it, after a reboot too)",
     )
     s.set_defaults(func=cmd_bootargs)

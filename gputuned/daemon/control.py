@@ -43,7 +43,7 @@ class ControlHandlers(Keeper):
         if cmd == "apply":
             return self._apply_request(req, peer)
         if cmd == "revert":
-            rep = revert_all(self.kernel, lock=False, journal=self.journal)
+            rep = revert_all(self.kernel, lock=False, journal=self.journal, boot_config=True)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
             self.reload_path, self._verify_cache, self.held = None, None, {}
             self.status = "idle: reverted (gputunectl apply PROFILE)"
