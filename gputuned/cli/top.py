@@ -30,6 +30,8 @@ from gputuned.textsafe import printable
 #: Commands gputuned itself runs under; never watched as a server.
 #: Without the daemon, rule matching scans every process: do it every this many refreshes.
 RESCAN_EVERY = 5
+#: The longest refresh --interval takes, in seconds.
+MAX_INTERVAL = 3600
 
 
 @dataclass(frozen=True)
@@ -333,8 +335,10 @@ def run_top(
     out: TextIO | None = None,
 ) -> int:
     """Refresh every ``interval`` seconds until interrupted; ``once``: one view, then return."""
-    if not interval > 0:  # also NaN
-        raise errors.UsageError(f"--interval must be above 0 seconds, not {interval:g}")
+    if not 0 < interval <= MAX_INTERVAL:  # NaN too; inf would overflow sleep()
+        raise errors.UsageError(
+            f"--interval must be above 0 and at most {MAX_INTERVAL} seconds, not {interval:g}"
+        )
     stream = out if out is not None else sys.stdout
     targets = find_targets(kernel, pids)
     prev = take_snapshot(kernel, targets.procs, clock=clock)

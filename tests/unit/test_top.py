@@ -316,7 +316,7 @@ def test_cli_once_table(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_bad_interval(tree: Path) -> None:
     # A bad argument is a usage error (64), not an error of the host (3): issue 19.
-    for bad in ("0", "nan", "-1"):
+    for bad in ("0", "nan", "-1", "inf", "1e400", "3601"):
         assert main(["top", "--root", str(tree), "--pid", "1", "--interval", bad]) == 64
 
 
