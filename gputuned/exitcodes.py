@@ -30,8 +30,8 @@ TABLE = (
     ExitCode(OK, "done; verify: everything applied is in place"),
     ExitCode(
         DRIFTED,
-        "verify: a setting drifted (with --strict, or is not possible here); "
-        "recommend: no shipped profile fits",
+        "verify: a setting drifted, or with --strict is not possible here; recommend: no "
+        "shipped profile fits",
     ),
     ExitCode(PENDING_REBOOT, "verify: only boot arguments are pending; reboot with them"),
     ExitCode(
@@ -39,7 +39,11 @@ TABLE = (
         'error: what failed and what to do is on stderr (and in --json\'s "error"); apply, '
         "revert, install-system: a setting could not be written or put back",
     ),
-    ExitCode(REFUSED, "the profile is invalid, or this host cannot take it (plan's blocked line)"),
+    ExitCode(
+        REFUSED,
+        "the profile is invalid, or this host cannot take it (plan's blocked line); nothing "
+        "was changed",
+    ),
     ExitCode(USAGE, "usage: an unknown command or option, or a bad argument; nothing was done"),
     ExitCode(INTERNAL, "a bug in gputunectl: run again with -v and report the traceback"),
     ExitCode(INTERRUPTED, "interrupted (Ctrl-C)"),
