@@ -230,7 +230,9 @@ def _run(argv: list[str]) -> int:
         return _failed(exc.command, exc, exc.exit_code, str(exc), as_json)
     except errors.GputunedError as exc:
         return _failed(command, exc, exc.exit_code, str(exc), as_json)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if as_json:
+            print_json(error_json(command, exc, exitcodes.INTERRUPTED, "interrupted"))
         return exitcodes.INTERRUPTED
     except Exception as exc:  # no input ends in a traceback; -v shows it (a bug to report)
         log.debug("gputunectl %s failed", command, exc_info=True)

@@ -307,6 +307,11 @@ def render_verify(report: VerifyReport, *, verbose: bool) -> None:
 def render_status(data: dict[str, Any]) -> None:
     out = console()
     others = data.get("coexistence") or []
+    if data.get("grub_dropin"):
+        out.print(
+            f"Boot: {shown(data['grub_dropin'])} holds the kernel arguments of gputunectl "
+            "bootargs --write-grub (gputunectl revert puts it back)"
+        )
     if data["active_profile"] is None and not data["journal_entries"]:
         out.print("No profile applied; the journal is empty.")
         for note in others:

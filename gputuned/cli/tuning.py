@@ -248,11 +248,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     kernel = root.open_kernel(args.root)
     active = read_active(kernel)
     others = _neighbour_tools(kernel, active)
+    grub = _grub_dropin(kernel)
     resp = _daemon(kernel, {"cmd": "status"})
     if resp is not None:
         resp.pop("v", None)
         resp.pop("ok", None)
-        resp["coexistence"] = others
+        resp.update(coexistence=others, grub_dropin=grub)
         print_json(resp) if args.json else render_status(resp)
         return 0
     state = read_state(kernel)
@@ -268,6 +269,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "not_possible": state.get("not_possible", {}),
         "refused": state.get("refused", []),
         "coexistence": others,
+        "grub_dropin": grub,
         "daemon": None,
     }
     if args.json:
@@ -275,6 +277,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         render_status(data)
     return 0
+
+
+def _grub_dropin(kernel: Kernel) -> str | None:
+    """The GRUB drop-in bootargs --write-grub wrote and revert would put back, if any."""
+    from gputuned.engine.grub import read_record
+
+    try:
+        return GRUB_DROPIN if read_record(kernel) is not None else None
+    except errors.GputunedError:
+        return None  # not readable by this user, or damaged: revert says which
 
 
 def _neighbour_tools(kernel: Kernel, active: dict[str, Any] | None) -> list[str]:

@@ -44,7 +44,11 @@ def test_revert_after_a_reboot_removes_the_dropin(
 ) -> None:
     assert run(capsys, "bootargs", PROFILE, "--root", str(root), "--write-grub")[0] == 0
     assert "nohz_full=2-15" in dropin(root).read_text() and record(root).exists()
-    reboot(root)  # the journal went with /run; before, revert then found nothing to remove
+    reboot(root)
+    rc, out = run(capsys, "status", "--root", str(root))
+    assert (
+        "Boot: /etc/default/grub.d/gputuned.cfg holds the kernel arguments" in out
+    )  # the journal went with /run; before, revert then found nothing to remove
     rc, out = run(capsys, "revert", "--root", str(root))
     assert rc == 0 and not dropin(root).exists() and not record(root).exists()
     assert (
