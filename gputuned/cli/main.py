@@ -225,9 +225,15 @@ def _run(argv: list[str]) -> int:
         func: Handler = args.func
         return func(args)
     except ParseError as exc:
-        # "unrecognized arguments" comes from the top parser, after the command's was done.
-        exc.command = exc.command or next((a for a in argv if a in _commands(parser)), None)
-        return _failed(exc.command, exc, exc.exit_code, str(exc), as_json)
+        if exc.command is None:
+            # "unrecognized arguments" comes from the top parser, after the command's was
+            # done: name that command, and show its usage rather than the top one's.
+            subs = _commands(parser)
+            exc.command = next((a for a in argv if a in subs), None)
+            if exc.command is not None:
+                exc.usage = subs[exc.command].format_usage().strip()
+        text = f"{exc.message}\n{exc.usage}"
+        return _failed(exc.command, exc, exc.exit_code, text, as_json)
     except errors.GputunedError as exc:
         return _failed(command, exc, exc.exit_code, str(exc), as_json)
     except KeyboardInterrupt as exc:
@@ -242,12 +248,12 @@ def _run(argv: list[str]) -> int:
         return _failed(command, exc, exitcodes.INTERNAL, what, as_json)
 
 
-def _commands(parser: argparse.ArgumentParser) -> set[str]:
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     return {
-        name
+        name: sub
         for a in parser._actions
         if isinstance(a, argparse._SubParsersAction)
-        for name in a.choices
+        for name, sub in a.choices.items()
     }
 
 

@@ -115,7 +115,7 @@ def test_a_usage_error_under_json_is_a_json_object() -> None:
     data = json.loads(proc.stdout)
     assert data["ok"] is False and data["exit_code"] == 64
     assert data["error_class"] == "UsageError" and data["command"] == "verify"
-    assert "--stirct" in data["error"] and data["usage"].startswith("usage: gputunectl")
+    assert "--stirct" in data["error"] and data["usage"].startswith("usage: gputunectl verify ")
     # An abbreviation argparse takes counts as --json too.
     assert json.loads(gputunectl("nosuch", "--js").stdout)["exit_code"] == 64
 
