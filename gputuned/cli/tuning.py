@@ -211,7 +211,7 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
     compared with that copy: an edit that changes nothing gputuned reads (a comment) is none.
     """
     from gputuned.engine.apply import read_active
-    from gputuned.profile.load import load_profile
+    from gputuned.profile.load import load_profile, parse_profile
     from gputuned.store.profiledirs import ProfileDirs
 
     active = read_active(kernel)
@@ -233,7 +233,13 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
             f"the profile file {where} no longer loads ({first}); verify compared the host with "
             "the copy applied from it"
         )
-    if now.model_dump(mode="json", by_alias=True, exclude_none=True) == active["profile"]:
+    try:
+        # The copy read through this version's model too: keys a newer gputuned added (with
+        # their defaults) are on both sides, so an upgrade alone is no edit.
+        then = parse_profile(active["profile"], ACTIVE)
+    except errors.ProfileError:
+        return None  # a copy this version cannot read: apply and verify say so themselves
+    if now.model_dump(mode="json") == then.model_dump(mode="json"):
         return None
     return (
         f"the profile file {where} changed since it was applied; verify compared the host with "

@@ -101,6 +101,14 @@ def test_verify_says_the_profile_file_changed(
     rc, out, _ = run(capsys, "verify", "--root", str(root), "--json")
     assert json.loads(out)["profile_file_changed"] is None
 
+    # A copy stored by an older gputuned lacks keys added since (with defaults): no edit.
+    active = root / "etc/gputuned/active.json"
+    stored = json.loads(active.read_text())
+    assert stored["profile"]["irq"].pop("spread") is True
+    active.write_text(json.dumps(stored))
+    _, out, _ = run(capsys, "verify", "--root", str(root), "--json")
+    assert json.loads(out)["profile_file_changed"] is None
+
     prof.write_text(prof.read_text() + "\n# a comment changes nothing gputuned reads\n")
     _, out, _ = run(capsys, "verify", "--root", str(root), "--json")
     assert json.loads(out)["profile_file_changed"] is None
