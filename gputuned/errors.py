@@ -7,12 +7,14 @@ above it raises and catches only these. Every message says what the user can do 
 
 from __future__ import annotations
 
+from gputuned import exitcodes
+
 
 class GputunedError(Exception):
     """Base of every error gputuned raises on purpose."""
 
-    #: CLI exit status when this error ends a command.
-    exit_code = 3
+    #: CLI exit status when this error ends a command (gputuned/exitcodes.py).
+    exit_code = exitcodes.ERROR
 
 
 class HostError(GputunedError):
@@ -60,7 +62,7 @@ class PathEscape(GputunedError):
 class ProfileError(GputunedError):
     """A profile is invalid. ``problems`` lists ``(key path, message)`` pairs."""
 
-    exit_code = 4
+    exit_code = exitcodes.REFUSED
 
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
@@ -73,4 +75,10 @@ class ProfileError(GputunedError):
 class PlanError(GputunedError):
     """The profile cannot be planned on this host at all (for example: no CPU left)."""
 
-    exit_code = 4
+    exit_code = exitcodes.REFUSED
+
+
+class UsageError(GputunedError):
+    """The command line is wrong (an unknown option, a bad argument): nothing was done."""
+
+    exit_code = exitcodes.USAGE

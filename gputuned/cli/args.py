@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,13 @@ def add_active_profile(p: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         help="a profile file or name; default: the active one",
     )
+
+
+def root_option(args: argparse.Namespace) -> str:
+    """`` --root DIR`` when the command ran on a tree, for the commands it suggests next: a hint
+    that drops it would send the user to this machine instead (issue 19, item 4)."""
+    at = getattr(args, "root", None)
+    return "" if at is None or Path(at) == Path("/") else f" --root {shlex.quote(str(at))}"
 
 
 def print_json(data: Any) -> None:

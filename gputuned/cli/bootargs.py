@@ -2,7 +2,8 @@
 
 Boot arguments (nohz_full, rcu_nocbs, irqaffinity, ...) take effect only at the next boot, so
 gputuned never changes them behind the user's back: it prints them, and writes
-/etc/default/grub.d/gputuned.cfg only when asked (journaled, so ``gputunectl revert`` removes it).
+/etc/default/grub.d/gputuned.cfg only when asked, recorded under /etc/gputuned so that
+``gputunectl revert`` puts it back, after a reboot too (gputuned/engine/grub.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ from __future__ import annotations
 import json
 import sys
 
-from gputuned.cli.render import console
-from gputuned.engine.apply import ApplyReport
-from gputuned.engine.journal import Journal
+from gputuned.cli.render import console, shown
+from gputuned.engine.grub import write_dropin
 from gputuned.engine.plan import read_context
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
-from gputuned.settings.base import ABSENT, Op
-from gputuned.settings.registry import write
 from gputuned.store.state import GRUB_DROPIN, HostLock
 from gputuned.tuners.bootargs import BootargsTuner
 
@@ -31,27 +29,25 @@ def grub_dropin(args: list[str]) -> str:
     )
 
 
-def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: bool) -> int:
+def bootargs(
+    kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: bool, again: str = ""
+) -> int:
+    """Print (and with ``write_grub`` write) the arguments; ``again``: the options a command
+    it suggests keeps (`` --root DIR``)."""
     ctx = read_context(kernel, profile)
     tuner = BootargsTuner()
     wanted = tuner.wanted(ctx)
     missing = tuner.plan(ctx).pending_boot
-    report = ApplyReport()
+    written: list[dict[str, str]] = []
     if write_grub and wanted:
-        op = Op(
-            "file:" + GRUB_DROPIN, "bootargs", GRUB_DROPIN, "file", GRUB_DROPIN, grub_dropin(wanted)
-        )
+        text = grub_dropin(wanted)
         with HostLock(kernel):
-            journal = Journal(kernel)
-            old = kernel.read_text(GRUB_DROPIN) if kernel.exists(GRUB_DROPIN) else ABSENT
-            if old != op.value:
-                journal.save(op, old)
-                write(kernel, op, op.value)
-                report.written.append({"target": GRUB_DROPIN, "old": old, "new": op.value})
+            old = kernel.read_text(GRUB_DROPIN) if kernel.exists(GRUB_DROPIN) else "absent"
+            if write_dropin(kernel, text):
+                written.append({"target": GRUB_DROPIN, "old": old, "new": text})
     if as_json:
         sys.stdout.write(
-            json.dumps({"wanted": wanted, "missing": missing, "written": report.written}, indent=2)
-            + "\n"
+            json.dumps({"wanted": wanted, "missing": missing, "written": written}, indent=2) + "\n"
         )
         return 0
     out = console()
@@ -61,10 +57,10 @@ def bootargs(kernel: Kernel, profile: Profile, *, write_grub: bool, as_json: boo
     out.print(" ".join(wanted))
     for m in missing:
         out.print(f"missing from /proc/cmdline: {m}")
-    if report.written:
+    if written:
         out.print(f"wrote {GRUB_DROPIN}; run update-grub and reboot for it to take effect")
     elif write_grub:
         out.print(f"{GRUB_DROPIN} already holds these arguments")
     else:
-        out.print(f"(gputunectl bootargs --write-grub writes {GRUB_DROPIN} for you)")
+        out.print(f"(gputunectl bootargs --write-grub{shown(again)} writes {GRUB_DROPIN} for you)")
     return 0

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gputuned import __version__, errors, root
+from gputuned import __version__, errors, exitcodes, root
 from gputuned.cli.args import Handler, add_json, add_root, print_json
+from gputuned.cli.output import ParseError, Parser, error_json, guard_stdout, wants_json
 from gputuned.cli.render import console, render_inspect, shown
 from gputuned.cli.tuning import add_tuning_commands, cmd_plan
 from gputuned.textsafe import PrintableFormatter
@@ -140,9 +141,11 @@ def _add_top_command(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="gputunectl",
         description="Tune a Linux host for GPU inference: PCIe, IRQs, cpusets, processes.",
+        epilog=exitcodes.help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"gputunectl {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
@@ -198,23 +201,69 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler = logging.StreamHandler()
-    handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler]
-    )
-    func: Handler = args.func
+    """Run one command; its exit status is one of gputuned/exitcodes.py's, whatever happens."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    previous = guard_stdout()
     try:
-        return func(args)
-    except errors.GputunedError as exc:
-        # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
-        console(stderr=True).print(
-            f"[bold red]gputunectl {args.command}:[/] {shown(exc)}", highlight=False
+        return _run(argv)
+    finally:
+        sys.stdout = previous
+
+
+def _run(argv: list[str]) -> int:
+    as_json = wants_json(argv)
+    command = None
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        command, as_json = args.command, args.json if "json" in args else as_json
+        handler = logging.StreamHandler()
+        handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[handler]
         )
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+        func: Handler = args.func
+        return func(args)
+    except ParseError as exc:
+        if exc.command is None:
+            # "unrecognized arguments" comes from the top parser, after the command's was
+            # done: name that command, and show its usage rather than the top one's.
+            subs = _commands(parser)
+            exc.command = next((a for a in argv if a in subs), None)
+            if exc.command is not None:
+                exc.usage = subs[exc.command].format_usage().strip()
+        text = f"{exc.message}\n{exc.usage}"
+        return _failed(exc.command, exc, exc.exit_code, text, as_json)
+    except errors.GputunedError as exc:
+        return _failed(command, exc, exc.exit_code, str(exc), as_json)
+    except KeyboardInterrupt as exc:
+        if as_json:
+            print_json(error_json(command, exc, exitcodes.INTERRUPTED, "interrupted"))
+        return exitcodes.INTERRUPTED
+    except Exception as exc:  # no input ends in a traceback; -v shows it (a bug to report)
+        log.debug("gputunectl %s failed", command, exc_info=True)
+        what = f"internal error ({type(exc).__name__}: {exc}); this is a bug in gputunectl: " + (
+            "run it again with -v and report the traceback"
+        )
+        return _failed(command, exc, exitcodes.INTERNAL, what, as_json)
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for a in parser._actions
+        if isinstance(a, argparse._SubParsersAction)
+        for name, sub in a.choices.items()
+    }
+
+
+def _failed(command: str | None, exc: BaseException, code: int, text: str, as_json: bool) -> int:
+    # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
+    name = f"gputunectl {command}" if command else "gputunectl"
+    console(stderr=True).print(f"[bold red]{name}:[/] {shown(text)}", highlight=False)
+    if as_json:
+        print_json(error_json(command, exc, code, text))
+    return code
 
 
 if __name__ == "__main__":

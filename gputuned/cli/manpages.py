@@ -112,11 +112,25 @@ def command_page(
         for sub_name, (text, sub) in subs.items():
             out += [".SS " + _esc(sub_name), _inline(text), ".PP", f".B {_esc(_usage(sub))}"]
             out += [".RS", *_options(sub), ".RE"]
+    if name == "gputunectl":
+        out += exit_status()
     out += [".SH FILES", _FILES.rstrip("\n")]
     see = "gputuned (8), gputuned\\-profile (5)" if name == "gputunectl" else ""
     see = see or "gputunectl (8), gputuned\\-profile (5)"
     out += [".SH SEE ALSO", see.replace(" (", "(")]
     return "\n".join(out) + "\n"
+
+
+def exit_status() -> list[str]:
+    """The EXIT STATUS section: gputuned/exitcodes.py's table, as ``--help`` prints it."""
+    from gputuned import exitcodes
+
+    out = [".SH EXIT STATUS"]
+    for c in exitcodes.TABLE:
+        out += [".TP", f".B {c.code}", _inline(c.meaning)]
+    for note in exitcodes.NOTES:
+        out += [".PP", _inline(note)]
+    return out
 
 
 def markdown_page(markdown: str, name: str, section: int, title: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
+from gputuned.cli.args import root_option
 from gputuned.kernel import Kernel
 from gputuned.root import open_kernel
 from gputuned.store.profiledirs import Entry, ProfileDirs
@@ -102,7 +103,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         out.print(f"{mark} {shown(r['name']):<{width}}  {r['origin']:<7}  {text}")
     out.print(f"yours: {shown(dirs.user)} (a name there wins); shipped: {shown(dirs.shipped)}")
     if active_name is None:
-        out.print("active: none (gputunectl apply NAME)")
+        out.print(f"active: none (gputunectl apply NAME{shown(root_option(args))})")
     else:
         marked = any(r["active"] for r in rows)
         where = "" if marked else f", from {shown(active_path)}, not one listed here"
@@ -219,8 +220,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         state = "fits" if c.fits else "does not fit"
         out.print(f"  {shown(c.name):<20} {state}: {shown(c.why)}")
     if rec.recommended:
-        root = f" --root {shown(args.root)}" if str(args.root) != "/" else ""
-        out.print(f"next: gputunectl plan {shown(rec.recommended)}{root}")
+        out.print(f"next: gputunectl plan {shown(rec.recommended)}{shown(root_option(args))}")
     return 0 if rec.recommended else 1
 
 

@@ -187,14 +187,7 @@ def render_plan(result: PlanResult) -> None:
         out.print(f"[cyan]note[/] {shown(note)}")
     render_layout(result.layout)
     if result.changes:
-        table = Table(title=f"{len(result.changes)} change(s)", show_lines=False)
-        for col in ("tuner", "target", "current → wanted", "why"):
-            table.add_column(col, overflow="fold")
-        for c in result.changes:
-            table.add_row(
-                c.tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why)
-            )
-        out.print(table)
+        out.print(_changes_table(result))
     else:
         out.print("No changes: the host already matches the profile.")
     for r in result.refused:
@@ -207,13 +200,44 @@ def render_plan(result: PlanResult) -> None:
             "[bold red]apply refuses this profile here[/] and writes nothing until what is "
             "blocked above is resolved"
         )
+    out.print(f"plan {shown(result.profile)}: {plan_counts(result)}")
 
 
-def render_apply(plan: PlanResult, report: ApplyReport) -> None:
+def plan_counts(result: PlanResult) -> str:
+    """The summary line's counts: what apply writes apart from what it only reports."""
+    quiet = len(result.report_only)
+    counts = [
+        f"{len(result.changes) - quiet} change(s) apply makes",
+        f"{quiet} report only (listed, never applied)" if quiet else "",
+        f"{len(result.settings) - len(result.changes)} already right",
+        f"{len(result.refused)} refused" if result.refused else "",
+        f"{len(result.pending_boot)} boot argument(s) missing" if result.pending_boot else "",
+    ]
+    return ", ".join(c for c in counts if c)
+
+
+def _changes_table(result: PlanResult) -> Table:
+    quiet = len(result.report_only)
+    title = f"{len(result.changes) - quiet} change(s)"
+    if quiet:
+        title += f", {quiet} report only (never applied)"
+    table = Table(title=title, show_lines=False)
+    for col in ("tuner", "target", "current → wanted", "why"):
+        table.add_column(col, overflow="fold")
+    # Report-only rows last and marked: they read like changes, and apply makes none of them.
+    for c in sorted(result.changes, key=lambda c: c.report_only):
+        tuner = f"{c.tuner} [yellow](report only)[/]" if c.report_only else c.tuner
+        table.add_row(tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why))
+    return table
+
+
+def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -> None:
     out = console()
+    quiet = plan.report_only
     out.print(
         f"Applied [bold]{shown(plan.profile)}[/]: {len(report.written)} write(s) in "
         f"{report.seconds * 1000:.1f} ms, {len(plan.settings) - len(plan.changes)} already right"
+        + (f", {len(quiet)} report only (not applied)" if quiet else "")
     )
     for w in report.written:
         out.print(f"  [green]set[/] {shown(w['target'])}: {shown(w['old'])} → {shown(w['new'])}")
@@ -225,19 +249,28 @@ def render_apply(plan: PlanResult, report: ApplyReport) -> None:
         out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
     for s in report.skipped:
         out.print(f"  [dim]skipped[/] {shown(s['target'])}: {shown(s['reason'])}")
+    for c in quiet:
+        out.print(
+            f"  [yellow]report only[/] {c.tuner} {shown(c.target)}: "
+            f"{shown(c.current)} → {shown(c.wanted)} (not applied)"
+        )
     for rf in plan.refused:
         out.print(f"  [yellow]refused[/] {rf.tuner} {shown(rf.target)}: {shown(rf.reason)}")
     for f in report.failed:
         out.print(f"  [bold red]failed[/] {shown(f['target'])}: {shown(f['error'])}")
     for b in plan.pending_boot:
-        out.print(f"  [magenta]boot[/] {shown(b)} (gputunectl bootargs; needs a reboot)")
-    out.print("Undo with: gputunectl revert")
+        out.print(
+            f"  [magenta]boot[/] {shown(b)} (gputunectl bootargs{shown(root_option)}; needs a reboot)"
+        )
+    out.print(f"Undo with: gputunectl revert{shown(root_option)}")
 
 
-def render_revert(report: RevertReport) -> None:
+def render_revert(report: RevertReport, root_option: str = "") -> None:
     out = console()
     if not report.restored and not report.failed:
         out.print("Nothing to revert: the journal is empty.")
+        for n in report.notes:
+            out.print(f"  note: {escape(n)}")
         return
     out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms")
     for n in report.notes:
@@ -247,7 +280,7 @@ def render_revert(report: RevertReport) -> None:
     if report.failed:
         out.print(
             "Not everything was put back (listed above); what failed stays in the journal and "
-            "gputunectl revert tries it again."
+            f"gputunectl revert{shown(root_option)} tries it again."
         )
 
 
@@ -284,8 +317,16 @@ def self_binding_line(sb: dict[str, Any]) -> str:
 
 def render_status(data: dict[str, Any]) -> None:
     out = console()
+    others = data.get("coexistence") or []
+    if data.get("grub_dropin"):
+        out.print(
+            f"Boot: {shown(data['grub_dropin'])} holds the kernel arguments of gputunectl "
+            "bootargs --write-grub (gputunectl revert puts it back)"
+        )
     if data["active_profile"] is None and not data["journal_entries"]:
         out.print("No profile applied; the journal is empty.")
+        for note in others:
+            out.print(f"[yellow]note[/] {shown(note)}")
         return
     out.print(
         f"Active profile: [bold]{shown(str(data['active_profile']))}[/] ({shown(str(data['source']))})"
@@ -310,3 +351,9 @@ def render_status(data: dict[str, Any]) -> None:
         out.print("Daemon: not running (one-shot mode)")
     for np in data["not_possible"].values():
         out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
+    for r in data.get("refused") or []:
+        out.print(
+            f"  [yellow]refused[/] {shown(r['tuner'])} {shown(r['target'])}: {shown(r['reason'])}"
+        )
+    for note in others:
+        out.print(f"[yellow]note[/] {shown(note)}")

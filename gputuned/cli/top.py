@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from gputuned import errors
+from gputuned.cli.output import reader_gone
 from gputuned.cpulist import format_cpulist
 from gputuned.kernel import Kernel
 from gputuned.kernel.nvml import NvmlGpu, read_gpus
@@ -29,6 +30,8 @@ from gputuned.textsafe import printable
 #: Commands gputuned itself runs under; never watched as a server.
 #: Without the daemon, rule matching scans every process: do it every this many refreshes.
 RESCAN_EVERY = 5
+#: The longest refresh --interval takes, in seconds.
+MAX_INTERVAL = 3600
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Targets:
 def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
     """The processes to watch."""
     if pids:
+        _check_pids(kernel, pids)
         return Targets([Target(p, "--pid") for p in pids], "processes named with --pid", "pid")
     from gputuned.service.controlclient import daemon_running, request
 
@@ -91,6 +95,29 @@ def find_targets(kernel: Kernel, pids: list[int]) -> Targets:
             "daemon",
         )
     return _rule_targets(kernel)
+
+
+def _check_pids(kernel: Kernel, pids: list[int]) -> None:
+    """Every --pid names a running process: watching one that is not there would show an
+    empty table and exit 0, as if it had been watched (issue 19)."""
+    from gputuned.kernel.proc import read_identity
+
+    bad = [p for p in pids if p <= 0]
+    if bad:
+        raise errors.UsageError(f"--pid {bad[0]} is not a process ID; give a positive PID")
+    gone = []
+    for pid in pids:
+        try:
+            read_identity(kernel, pid)
+        except errors.TargetGone:
+            gone.append(pid)
+        except errors.PermissionDenied:
+            continue  # there, not ours to read: top says what it can
+    if gone:
+        raise errors.GputunedError(
+            f"there is no process {', '.join(map(str, gone))}; give the PID of a running "
+            "process (pgrep -f NAME finds it)"
+        )
 
 
 def _rule_targets(kernel: Kernel) -> Targets:
@@ -308,16 +335,20 @@ def run_top(
     out: TextIO | None = None,
 ) -> int:
     """Refresh every ``interval`` seconds until interrupted; ``once``: one view, then return."""
-    if interval <= 0:
-        raise errors.GputunedError(f"--interval must be above 0 seconds, not {interval:g}")
+    if not 0 < interval <= MAX_INTERVAL:  # NaN too; inf would overflow sleep()
+        raise errors.UsageError(
+            f"--interval must be above 0 and at most {MAX_INTERVAL} seconds, not {interval:g}"
+        )
     stream = out if out is not None else sys.stdout
     targets = find_targets(kernel, pids)
     prev = take_snapshot(kernel, targets.procs, clock=clock)
     live = None
-    if not as_json and not once:
-        from rich.live import Live
+    from gputuned.cli.render import console
 
-        from gputuned.cli.render import console
+    if not as_json and not once and out is None and console().is_terminal:
+        # Redrawn in place on a terminal only: into a pipe or a file rich's Live prints
+        # nothing until it stops, so there each view is printed after the last.
+        from rich.live import Live
 
         live = Live(console=console(), auto_refresh=False)
         live.start()
@@ -335,11 +366,9 @@ def run_top(
             elif live is not None:
                 live.update(render(rows, cur, targets.where), refresh=True)
             else:
-                from gputuned.cli.render import console
-
                 console().print(render(rows, cur, targets.where))
-            if once:
-                return 0
+            if once or reader_gone():
+                return 0  # one view; or nobody reads any more (| head): top's work is done
             if targets.refresh_every and n % targets.refresh_every == 0:
                 # Servers start and exit: look again; a newcomer gets its rate next time.
                 targets = find_targets(kernel, pids)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
-from gputuned.cli.args import add_active_profile, add_json, add_root, print_json
+from gputuned.cli.args import add_active_profile, add_json, add_root, print_json, root_option
 from gputuned.cli.render import (
     console,
     render_apply,
@@ -36,12 +36,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     path, dirs = _profile_path(kernel, args.profile)
     profile = load_profile(path, names=dirs)
     result = plan_profile(kernel, profile, allow_blocked=True)
+    if not _daemon_runs(kernel):
+        # The plan's notes say what the daemon does later; without one, nobody does it.
+        later = "places the processes that start later or " if profile.process else ""
+        result.notes.append(
+            f"one-shot: no gputuned daemon runs here; after apply nobody {later}repairs drift "
+            "unless it runs: systemctl enable --now gputuned"
+        )
     if args.json:
         print_json(result.to_json())
     else:
         render_plan(result)
     # A blocked plan exits as apply would on it: PlanError's status, nothing to apply here.
     return result.blocked_error().exit_code if result.blocked else 0
+
+
+def _daemon_runs(kernel: Kernel) -> bool:
+    from gputuned.service.controlclient import daemon_running
+
+    try:
+        return daemon_running(kernel)
+    except errors.HostError:
+        return False  # its socket cannot be probed: said as if none ran (the safe reading)
 
 
 def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
@@ -52,18 +68,20 @@ def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
     return dirs.resolve(arg), dirs
 
 
-def _profile_for(kernel: Kernel, arg: Path | None) -> tuple[Profile, str]:
+def _profile_for(args: argparse.Namespace, kernel: Kernel) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
     from gputuned.engine.apply import read_active
     from gputuned.profile.load import load_profile, parse_profile
 
+    arg: Path | None = args.profile
     if arg is not None:
         path, dirs = _profile_path(kernel, arg)
         return load_profile(path, names=dirs), str(path.absolute())
     active = read_active(kernel)
     if active is None:
         raise errors.GputunedError(
-            "no profile given and none applied on this host; name one: gputunectl verify PROFILE"
+            "no profile given and none applied on this host; name one: "
+            f"gputunectl {args.command} PROFILE{root_option(args)}"
         )
     return parse_profile(active["profile"], f"{ACTIVE} (copy of {active['source']})"), str(
         active["source"]
@@ -112,7 +130,7 @@ def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, 
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from gputuned.engine.apply import ApplyError, apply_profile
+    from gputuned.engine.apply import apply_profile
     from gputuned.profile.load import load_profile
 
     kernel = root.open_kernel(args.root)
@@ -130,22 +148,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
     check_state_files(kernel)
-    try:
-        plan, report = apply_profile(
-            kernel, profile, keep_going=args.keep_going, source=path, reload_path=path
-        )
-    except ApplyError as exc:
-        if args.json:
-            print_json({"ok": False, "error": str(exc), **exc.report.to_json()})
-        raise
-    except errors.PlanError as exc:
-        if args.json:
-            print_json({"ok": False, "error": str(exc), "written": []})
-        raise
+    # An ApplyError's report goes into the error's JSON (gputuned/cli/output.py error_json).
+    plan, report = apply_profile(
+        kernel, profile, keep_going=args.keep_going, source=path, reload_path=path
+    )
     if args.json:
         print_json({"ok": not report.failed, "profile": plan.profile, **report.to_json()})
     else:
-        render_apply(plan, report)
+        render_apply(plan, report, root_option(args))
     return 3 if report.failed else 0
 
 
@@ -159,11 +169,11 @@ def cmd_revert(args: argparse.Namespace) -> int:
             resp["restored"], resp["failed"], resp.get("notes", []), resp["seconds"]
         )
     else:
-        report = revert_all(kernel)
+        report = revert_all(kernel, boot_config=True)
     if args.json:
         print_json({"ok": not report.failed, **report.to_json()})
     else:
-        render_revert(report)
+        render_revert(report, root_option(args))
     return 3 if report.failed else 0
 
 
@@ -178,16 +188,63 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if resp is not None:
         report = VerifyReport.from_json(resp, strict=args.strict)
     else:
-        profile, _source = _profile_for(kernel, args.profile)
+        profile, _source = _profile_for(args, kernel)
         plan = plan_profile(kernel, profile, allow_blocked=True)  # a blocked one shows as lines
         report = verify_plan(plan, read_state(kernel), strict=args.strict)
+    edited = None if args.profile else _edited_since_apply(args, kernel)
     if args.prometheus:
         write_user_file_atomic(args.prometheus, report.prometheus().encode())
     if args.json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), "profile_file_changed": edited})
     else:
         render_verify(report, verbose=args.verbose)
+        if edited:
+            console().print(f"[yellow]note[/] {shown(edited)}")
     return report.exit_code
+
+
+def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
+    """Why the profile file now says something else than the copy applied from it, or None.
+
+    verify compares the host with the copy active.json keeps, so an edit made since apply
+    passed unseen (issue 19, item 4). The file is loaded as apply loaded it (includes too) and
+    compared with that copy: an edit that changes nothing gputuned reads (a comment) is none.
+    """
+    from gputuned.engine.apply import read_active
+    from gputuned.profile.load import load_profile, parse_profile
+    from gputuned.store.profiledirs import ProfileDirs
+
+    active = read_active(kernel)
+    if active is None or not (active.get("path") or active.get("source")):
+        return None
+    where = str(active.get("path") or active["source"])
+    again = f"gputunectl apply {where}{root_option(args)}"
+    try:
+        now = load_profile(where, names=ProfileDirs.for_host(kernel))
+    except errors.ProfileError as exc:
+        first = "; ".join(f"{k}: {m}" if k else m for k, m in exc.problems[:1])
+        return (
+            f"the profile file {where} no longer loads ({first}); verify compared the host with "
+            "the copy applied from it"
+        )
+    except errors.GputunedError as exc:
+        first = str(exc).splitlines()[0]
+        return (
+            f"the profile file {where} no longer loads ({first}); verify compared the host with "
+            "the copy applied from it"
+        )
+    try:
+        # The copy read through this version's model too: keys a newer gputuned added (with
+        # their defaults) are on both sides, so an upgrade alone is no edit.
+        then = parse_profile(active["profile"], ACTIVE)
+    except errors.ProfileError:
+        return None  # a copy this version cannot read: apply and verify say so themselves
+    if now.model_dump(mode="json") == then.model_dump(mode="json"):
+        return None
+    return (
+        f"the profile file {where} changed since it was applied; verify compared the host with "
+        f"the copy applied then: to use the edit, {again}"
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -195,13 +252,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gputuned.engine.journal import Journal
 
     kernel = root.open_kernel(args.root)
+    active = read_active(kernel)
+    others = _neighbour_tools(kernel, active)
+    grub = _grub_dropin(kernel)
     resp = _daemon(kernel, {"cmd": "status"})
     if resp is not None:
         resp.pop("v", None)
         resp.pop("ok", None)
+        resp.update(coexistence=others, grub_dropin=grub)
         print_json(resp) if args.json else render_status(resp)
         return 0
-    active = read_active(kernel)
     state = read_state(kernel)
     journal = Journal(kernel)
     data = {
@@ -213,6 +273,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             {"tuner": e.op.tuner, "target": e.op.target, "old": e.old} for e in journal.entries()
         ],
         "not_possible": state.get("not_possible", {}),
+        "refused": state.get("refused", []),
+        "coexistence": others,
+        "grub_dropin": grub,
         "daemon": None,
     }
     if args.json:
@@ -222,12 +285,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _grub_dropin(kernel: Kernel) -> str | None:
+    """The GRUB drop-in bootargs --write-grub wrote and revert would put back, if any."""
+    from gputuned.engine.grub import read_record
+
+    try:
+        return GRUB_DROPIN if read_record(kernel) is not None else None
+    except errors.GputunedError:
+        return None  # not readable by this user, or damaged: revert says which
+
+
+def _neighbour_tools(kernel: Kernel, active: dict[str, Any] | None) -> list[str]:
+    """What TuneD and irqbalance do here that meets the active profile (engine/coexist.py)."""
+    from gputuned.engine.coexist import coexistence_notes
+    from gputuned.kernel.proc import iter_processes
+    from gputuned.profile.load import parse_profile
+
+    try:
+        profile = parse_profile(active["profile"], ACTIVE) if active else None
+    except errors.ProfileError:
+        profile = None  # a copy this version no longer reads: said by verify and apply
+    return coexistence_notes(kernel, profile, iter_processes(kernel, brief=True), plan=False)
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from gputuned.kernel.proc import read_identity
 
     kernel = root.open_kernel(args.root)
     if args.pid <= 0:
-        raise errors.GputunedError(f"{args.pid} is not a process ID; give a positive PID")
+        raise errors.UsageError(f"{args.pid} is not a process ID; give a positive PID")
     try:
         # The daemon places a process by PID *and* start time: a PID alone may name another
         # process by the time the daemon reads it (PIDs are reused).
@@ -253,8 +339,10 @@ def cmd_bootargs(args: argparse.Namespace) -> int:
     from gputuned.cli.bootargs import bootargs
 
     kernel = root.open_kernel(args.root)
-    profile, _source = _profile_for(kernel, args.profile)
-    return bootargs(kernel, profile, write_grub=args.write_grub, as_json=args.json)
+    profile, _source = _profile_for(args, kernel)
+    return bootargs(
+        kernel, profile, write_grub=args.write_grub, as_json=args.json, again=root_option(args)
+    )
 
 
 def add_tuning_commands(sub: Any) -> None:
@@ -313,6 +401,6 @@ def add_tuning_commands(sub: Any) -> None:
     s.add_argument(
         "--write-grub",
         action="store_true",
-        help=f"write them to {GRUB_DROPIN} (journaled; gputunectl revert removes it)",
+        help=f"write them to {GRUB_DROPIN} (gputunectl revert removes it, after a reboot too)",
     )
     s.set_defaults(func=cmd_bootargs)

@@ -44,7 +44,7 @@ class ControlHandlers(Keeper):
         if cmd == "apply":
             return self._apply_request(req, peer)
         if cmd == "revert":
-            rep = revert_all(self.kernel, lock=False, journal=self.journal)
+            rep = revert_all(self.kernel, lock=False, journal=self.journal, boot_config=True)
             self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
             self.reload_path, self._verify_cache, self.held = None, None, {}
             self.binds = BindWatch()
@@ -146,6 +146,7 @@ class ControlHandlers(Keeper):
             "applied_at": state.get("applied_at"),
             "journal_entries": len(self.journal) if self.journal is not None else 0,
             "not_possible": state.get("not_possible", {}),
+            "refused": state.get("refused", []),
             "placed": sorted(self.placed),
             "registered": {str(k): v[1] for k, v in self.registered.items()},
             "verify": self.last_verify,

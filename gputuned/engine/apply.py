@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.engine.changes import Change
+from gputuned.engine.changes import Change, Refusal
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.revert import (
@@ -212,7 +212,7 @@ def apply_profile(
             raise ApplyError(f"apply {profile.name}: {exc}", report) from exc.__cause__
         _restore_leftovers(kernel, journal, managed, report)
         journal.compact()
-        _record(kernel, profile, source, report, reload_path)
+        _record(kernel, profile, source, report, reload_path, plan.refused)
         report.seconds = time.monotonic() - t0
         return plan, report
 
@@ -427,13 +427,21 @@ def _restore_leftovers(
 
 
 def _record(
-    kernel: Kernel, profile: Profile, source: str, report: ApplyReport, reload_path: str | None
+    kernel: Kernel,
+    profile: Profile,
+    source: str,
+    report: ApplyReport,
+    reload_path: str | None,
+    refused: list[Refusal],
 ) -> None:
     state = {
         "profile": profile.name,
         "source": source,
         "applied_at": time.time(),
         "not_possible": report.not_possible,
+        # What the plan refused is not possible here either; status shows it with the rest
+        # (it was lost after apply: issue 19, item 4).
+        "refused": [{"tuner": r.tuner, "target": r.target, "reason": r.reason} for r in refused],
     }
     replace_durable(kernel, STATE, json.dumps(state, indent=1).encode())
     active: dict[str, Any] = {

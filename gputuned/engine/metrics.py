@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.engine.verify import DRIFTED, PENDING, STATUSES
+from gputuned.engine.verify import STATUSES, verify_exit_code
 from gputuned.kernel import Kernel
 from gputuned.kernel.nvml import NvmlGpu, read_gpus
 from gputuned.kernel.sampling import (
@@ -70,13 +70,6 @@ class Exposition:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n" if self.lines else ""
-
-
-def verify_exit_code(counts: dict[str, int], *, strict: bool = False) -> int:
-    """What ``gputunectl verify`` exits with for these counts (see gputuned.engine.verify)."""
-    if counts.get(DRIFTED) or (strict and counts.get("not possible here")):
-        return 1
-    return 2 if counts.get(PENDING) else 0
 
 
 def add_verify(exp: Exposition, profile: str, counts: dict[str, int], *, at: float | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.engine.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.engine.coexist import coexistence_notes
 from gputuned.engine.inspect import snapshot
 from gputuned.engine.journal import Journal
 from gputuned.kernel import Kernel
@@ -52,6 +53,11 @@ class PlanResult:
         return [c for c in self.settings if not c.in_sync]
 
     @property
+    def report_only(self) -> list[Change]:
+        """The changes listed and never applied (a tuner's ``report_only``)."""
+        return [c for c in self.changes if c.report_only]
+
+    @property
     def blocked(self) -> list[Refusal]:
         """Refusals that stop the whole profile: apply writes nothing while there is one."""
         return [r for r in self.refused if r.blocking]
@@ -69,6 +75,7 @@ class PlanResult:
             "layout": self.layout,
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
+            "report_only": len(self.report_only),
             "refused": [asdict(r) for r in self.refused],
             "blocked": bool(self.blocked),
             "notes": self.notes,
@@ -200,6 +207,7 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    result.notes += coexistence_notes(kernel, profile, ctx.processes, plan=True)
     result.layout = plan_layout(ctx, result.settings)
     result.refused += daemon_refusals(profile.daemon)
     if result.blocked and not allow_blocked:

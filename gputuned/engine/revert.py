@@ -67,13 +67,22 @@ def revert_all(
     forget_profile: bool = True,
     lock: bool = True,
     journal: Journal | None = None,
+    boot_config: bool = False,
 ) -> RevertReport:
-    """Restore every journaled value and what placements passed on (see the module)."""
+    """Restore every journaled value and what placements passed on (see the module).
+
+    ``boot_config``: also put back the GRUB drop-in of ``bootargs --write-grub``
+    (engine/grub.py), for a revert a user asked for; a daemon that stops leaves it, as it is
+    meant for the next boot."""
     t0 = time.monotonic()
     report = RevertReport()
     with HostLock(kernel) if lock else contextlib.nullcontext():
         journal = journal if journal is not None else Journal(kernel)
         restore(kernel, journal, list(journal.newest_first()), report)
+        if boot_config:
+            from gputuned.engine.grub import revert_dropin
+
+            revert_dropin(kernel, report)
         report.failed += journal.rejected_report()  # refused on load: never written
         journal.compact()
         if not report.failed:

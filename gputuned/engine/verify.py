@@ -1,10 +1,10 @@
 """verify: compare the live host with the profile, one line per setting.
 
 Statuses: passed, drifted, pending reboot, not possible here, report only, left to the process.
-Exit codes: 0 ok, 1 drift, 2 pending reboot, 3 error (the CLI maps exceptions to 3). "not
-possible here" (firmware owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify unless
-``strict``. "left to the process" (only the daemon's verify has it: a placed process that binds
-itself, whose CPUs the daemon stopped repairing under ``self_binding = "respect"``,
+Exit codes (the table of every command: gputuned/exitcodes.py): 0 ok, 1 drift, 2 pending reboot.
+"not possible here" (firmware owns ASPM, an unmovable IRQ, no cgroup v2) does not fail verify
+unless ``strict``. "left to the process" (only the daemon's verify has it: a placed process that
+binds itself, whose CPUs the daemon stopped repairing under ``self_binding = "respect"``,
 gputuned/daemon/selfbind.py) never fails verify, ``strict`` or not: the rule asked for it.
 """
 
@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gputuned import exitcodes
 from gputuned.engine.plan import PlanResult
 
 PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND = (
@@ -25,6 +26,13 @@ PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND = (
     "left to the process",
 )
 STATUSES = (PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND)
+
+
+def verify_exit_code(counts: dict[str, int], *, strict: bool = False) -> int:
+    """What ``gputunectl verify`` exits with for these counts of each status."""
+    if counts.get(DRIFTED) or (strict and counts.get(NOT_POSSIBLE)):
+        return exitcodes.DRIFTED
+    return exitcodes.PENDING_REBOOT if counts.get(PENDING) else exitcodes.OK
 
 
 @dataclass(frozen=True)
@@ -49,11 +57,7 @@ class VerifyReport:
 
     @property
     def exit_code(self) -> int:
-        if self.count(DRIFTED) or (self.strict and self.count(NOT_POSSIBLE)):
-            return 1
-        if self.count(PENDING):
-            return 2
-        return 0
+        return verify_exit_code({s: self.count(s) for s in STATUSES}, strict=self.strict)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -112,15 +112,16 @@ def _open_destination(dest: Path) -> _Writer:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise errors.GputunedError(f"capture: cannot make {dest}: {exc.strerror or exc}") from exc
+        raise errors.GputunedError(f"cannot make {dest}: {exc.strerror or exc}") from exc
     try:
         w = _Writer.open(dest)
     except OSError as exc:
         if exc.errno in (E.ELOOP, E.ENOTDIR):  # O_NOFOLLOW|O_DIRECTORY on a link: ENOTDIR
+            what = "a symbolic link" if dest.is_symlink() else "a file, not a folder"
             raise errors.GputunedError(
-                f"{dest} is a symbolic link or not a folder; capture into a folder of your own"
+                f"{dest} is {what}; capture into a new or empty folder of your own"
             ) from None
-        raise errors.GputunedError(f"capture: cannot open {dest}: {exc.strerror or exc}") from exc
+        raise errors.GputunedError(f"cannot open {dest}: {exc.strerror or exc}") from exc
     st = os.fstat(w.fd)
     why = None
     if st.st_uid != os.geteuid():

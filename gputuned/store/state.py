@@ -26,6 +26,9 @@ LOCK = f"{RUN_DIR}/lock"
 STATE = f"{RUN_DIR}/state.json"
 ACTIVE = f"{ETC_DIR}/active.json"
 GRUB_DROPIN = "/etc/default/grub.d/gputuned.cfg"
+#: What GRUB_DROPIN held before gputuned wrote it (engine/grub.py): boot configuration
+#: outlives /run, so its record does too.
+GRUB_RECORD = f"{ETC_DIR}/grub-dropin.json"
 
 
 def ensure_dir(kernel: Kernel, hpath: str, mode: int = 0o700) -> None:

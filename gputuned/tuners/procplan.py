@@ -57,7 +57,8 @@ class ProcessTuner:
         for rule in ctx.profile.process:
             if rule.name not in found:
                 out.notes.append(
-                    f"process[{rule.name}]: no running process matches; it is placed when it starts"
+                    f"process[{rule.name}]: no running process matches; the daemon (gputuned) "
+                    "places it when it starts"
                 )
         if any(r.children == "follow" for r in ctx.profile.process):
             out.notes.append(

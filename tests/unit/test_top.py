@@ -167,8 +167,16 @@ def test_gpu_utilisation_of_the_gpus_a_process_uses(tree: Path) -> None:
 
 
 def test_targets_named_by_pid(tree: Path) -> None:
-    t = find_targets(tree_kernel(tree), [SERVER, 17])
-    assert ([x.pid for x in t.procs], t.mode, t.refresh_every) == ([SERVER, 17], "pid", 0)
+    t = find_targets(tree_kernel(tree), [SERVER])
+    assert ([x.pid for x in t.procs], t.mode, t.refresh_every) == ([SERVER], "pid", 0)
+
+
+def test_a_pid_that_is_not_running_is_an_error(tree: Path) -> None:
+    # It used to be watched as an empty table, exit 0 (issue 19).
+    with pytest.raises(errors.GputunedError, match="there is no process 17;"):
+        find_targets(tree_kernel(tree), [SERVER, 17])
+    with pytest.raises(errors.UsageError, match="--pid -3 is not a process ID"):
+        find_targets(tree_kernel(tree), [-3])
 
 
 def test_no_daemon_no_profile_asks_for_pids(tree: Path) -> None:
@@ -307,7 +315,9 @@ def test_cli_once_table(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_bad_interval(tree: Path) -> None:
-    assert main(["top", "--root", str(tree), "--pid", "1", "--interval", "0"]) == 3
+    # A bad argument is a usage error (64), not an error of the host (3): issue 19.
+    for bad in ("0", "nan", "-1", "inf", "1e400", "3601"):
+        assert main(["top", "--root", str(tree), "--pid", "1", "--interval", bad]) == 64
 
 
 def test_compute_rows_needs_time_to_pass(tree: Path) -> None:

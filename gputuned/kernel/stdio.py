@@ -1,0 +1,16 @@
+"""The process's own standard streams, where the CLI needs a system call on them."""
+
+from __future__ import annotations
+
+import os
+
+
+def discard(fd: int) -> None:
+    """Point ``fd`` at /dev/null (dup2), so what is still written to it, and what the
+    interpreter flushes at exit, goes nowhere: for a stdout whose reader went away (EPIPE),
+    as Python's signal documentation recommends for SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
