@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gputuned import errors
-from gputuned.kernel import mounts
+from gputuned.kernel import mounts, units
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.procfs import parse_status
 from gputuned.kernel.tasks import explain_move
@@ -180,6 +180,16 @@ class KernelBase:
         raise NotImplementedError
 
     def user_id(self, name: str) -> int | None:
+        raise NotImplementedError
+
+    @property
+    def systemd(self) -> bool:
+        return self.is_dir(units.SYSTEMD_RUNTIME)
+
+    def unit_property(self, unit: str, name: str) -> str:
+        raise NotImplementedError
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
         raise NotImplementedError
 
     def move_to_cgroup(self, pid: int, cgroup_dir: str) -> None:

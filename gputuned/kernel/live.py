@@ -17,8 +17,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from gputuned.kernel import mounts
+from gputuned import errors
+from gputuned.kernel import mounts, units
 from gputuned.kernel.base import KernelBase, translating, write_file
+from gputuned.kernel.sysinstall import run_tool
 from gputuned.kernel.tasks import check_scheduler, explain, where
 
 _OS_POLICY = {
@@ -87,6 +89,27 @@ class LiveKernel(KernelBase):
         except KeyError:
             return None
 
+    # -- systemd's units ------------------------------------------------------------------
+
+    def unit_property(self, unit: str, name: str) -> str:
+        shown = units.SHOWN_AS[name]
+        run = run_tool(["systemctl", "show", f"--property={shown}", "--", unit], timeout=30)
+        if run.rc != 0:
+            raise _unit_error(unit, "read", run.rc, run.output)
+        for line in run.output.splitlines():
+            key, _, value = line.partition("=")
+            if key == shown:
+                return units.show_form(name, value)
+        raise _unit_error(unit, "read", run.rc, f"no {shown}= line in {run.output[:200]!r}")
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        units.check_property(name, value)
+        # "--" ends the options: a unit name never reaches systemctl as one of them.
+        argv = ["systemctl", "set-property", "--runtime", "--", unit, f"{name}={value}"]
+        run = run_tool(argv, timeout=30)
+        if run.rc != 0:
+            raise _unit_error(unit, "set", run.rc, run.output)
+
     # -- mounts ---------------------------------------------------------------------------
 
     def _mount(self, mount: mounts.Mount, flags: int, data: str) -> None:
@@ -128,6 +151,21 @@ def set_own_realtime(priority: int) -> None:
         lambda: os.sched_setscheduler(0, policy, param),
         "/proc/thread-self:scheduler",
         policy="fifo",
+    )
+
+
+def _unit_error(unit: str, what: str, rc: int, output: str) -> errors.HostError:
+    """systemctl's failure as a gputuned error; a unit that is gone is TargetGone."""
+    text = output.strip()[:300] or f"exit status {rc}"
+    if "not loaded" in text or "not found" in text.lower():
+        return errors.TargetGone(
+            f"systemd unit {unit}: not loaded ({text}); it has stopped", path=unit, errno=E.ENOENT
+        )
+    return errors.HostError(
+        f"systemctl could not {what} a property of {unit}: {text}; check `systemctl status "
+        f"{unit}` and that systemd answers on D-Bus",
+        path=unit,
+        errno=E.EIO,
     )
 
 

@@ -148,6 +148,22 @@ class Kernel(Protocol):
         """The user ID of account ``name`` on this machine (or tree), None when there is none."""
         ...
 
+    # -- systemd (PID 1) ------------------------------------------------------------------
+
+    @property
+    def systemd(self) -> bool:
+        """systemd is PID 1 here (sd_booted(3)): it owns its units' cgroups."""
+        ...
+
+    def unit_property(self, unit: str, name: str) -> str:
+        """A unit's property ``name`` (CPUQuota, CPUWeight) as systemd holds it now, in the
+        form an assignment takes ("" for the default): :mod:`gputuned.kernel.units`."""
+        ...
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        """``systemctl set-property --runtime UNIT NAME=VALUE``: systemd writes the cgroup."""
+        ...
+
     # -- mounts ---------------------------------------------------------------------------
 
     def remount(self, point: str, fstype: str, super_options: str) -> None:

@@ -28,7 +28,7 @@ from gputuned.kernel.base import KernelBase, translating
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.port import TREE_META
 from gputuned.kernel.tasks import where
-from gputuned.sim import tasks
+from gputuned.sim import tasks, units
 from gputuned.sim.model import TreeModel
 
 _ERRNO_NAMES = {name: getattr(E, name) for name in dir(E) if name.startswith("E")}
@@ -113,6 +113,17 @@ class SimKernel(KernelBase):
             if len(fields) >= 3 and fields[0] == name and fields[2].isdigit():
                 return int(fields[2])
         return None
+
+    # -- systemd's units (a tree with /run/systemd/system) ------------------------------------
+
+    def unit_property(self, unit: str, name: str) -> str:
+        with translating("read", unit):
+            return units.read(self.model, unit, name)
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        self._refuse_recorded(f"{unit}:{name}")
+        with translating("set-property", unit):
+            units.write(self.model, unit, name, value, self.write_text)
 
     # -- mounts ---------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ MIN_PIECE = 10
 #: Functions (and properties) whose return values are reasons shown inside others: each
 #: setting's "not possible here" reasons, why a cgroup layout has no partitions, why a PCI
 #: function's registers cannot be used.
-_REASON_FUNCTIONS = ("not_possible", "why_no_partitions", "unusable")
+_REASON_FUNCTIONS = ("not_possible", "why_no_partitions", "unusable", "why_no_cpu")
 
 #: Reasons that come from outside the call's function: (file, source text) -> where the text
 #: they carry comes from (each of those is a literal this test checks, or an error class).
@@ -48,6 +48,10 @@ DYNAMIC: dict[tuple[str, str], str] = {
         "gputuned/kernel/pci.py",
         "self.config.unreadable[0][1]",
     ): "pciconfig._state(), quoted in the page",
+    (
+        "gputuned/tuners/neighbours.py",
+        "why_no_cpu(layout.mode)",
+    ): "why_no_cpu's returns, checked here (_REASON_FUNCTIONS)",
 }
 
 
