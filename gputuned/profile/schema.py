@@ -129,6 +129,10 @@ def _type_text(annotation: Any) -> str:
         return "table of tables"
     if is_model(annotation):
         return "table"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(
+            _type_text(a) for a in typing.get_args(annotation) if a is not type(None)
+        )
     # A float key takes an integer too (pydantic's lax mode): "number", as a profile writes it.
     kinds = {int: "integer", float: "number", bool: "boolean", str: "string"}
     return kinds.get(annotation, str(annotation))

@@ -50,7 +50,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictFloat,
     StrictInt,
     StrictStr,
     model_validator,
@@ -72,7 +71,7 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cap_cpus: StrictInt | StrictFloat | StrictStr | None = Field(
+    cap_cpus: float | StrictStr | None = Field(
         default=None,
         description=(
             "CPU time each neighbour cgroup may use, in CPUs (4: cpu.max '400000 100000'; "
