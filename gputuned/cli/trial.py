@@ -73,6 +73,8 @@ def _sides(kernel: Kernel, args: argparse.Namespace) -> dict[str, tuple[Profile,
             f"--set {args.set!r}: write KEY=V1,V2, such as cpusets.inference.count=8,12"
         )
     base, name = loaded[0]
+    if isinstance(_get_key(base.model_dump(mode="json", by_alias=True), key), str):
+        parts = [str(v) for v in parts]  # cpus=0,1: CPU lists are strings in a profile
     out = {}
     for side, value in zip("AB", parts, strict=True):
         data = base.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -88,6 +90,17 @@ def _values(text: str) -> list[Any]:
         return list(tomllib.loads(f"v = [{text}]")["v"])
     except tomllib.TOMLDecodeError:
         return [v.strip() for v in text.split(",")]  # bare words: strings
+
+
+def _get_key(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        if isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        elif isinstance(data, dict):
+            data = data.get(part)
+        else:
+            return None
+    return data
 
 
 def _set_key(data: dict[str, Any], key: str, value: Any) -> None:

@@ -67,6 +67,43 @@ def show_form(name: str, shown: str) -> str:
     return f"{percent:.0f}%" if abs(percent - round(percent)) < 0.005 else f"{percent:.2f}%"
 
 
+#: The cgroup file systemd writes each property to (systemd.resource-control(5)).
+CGROUP_FILE = {"CPUQuota": "cpu.max", "CPUWeight": "cpu.weight"}
+
+
+def file_holds(name: str, value: str, text: str | None) -> bool:
+    """Does cgroup file text ``text`` show property ``name`` = ``value`` as systemd writes it?
+    (CPUQuota=400% is cpu.max "400000 100000", or the same share of another period;
+    CPUQuota= is "max"; CPUWeight= unset is the kernel's default weight, 100.) Read back from
+    the file, not through systemctl: a drift check every few seconds must not start a process
+    per unit."""
+    if text is None:
+        return False
+    words = text.split()
+    if name == "CPUWeight":
+        return words == [value or "100"]
+    if len(words) != 2 or not words[1].isdigit() or int(words[1]) <= 0:
+        return False
+    if words[0] == "max" or not value:
+        return words[0] == "max" and not value
+    if not words[0].isdigit():
+        return False
+    return abs(int(words[0]) / int(words[1]) * 100 - float(value.rstrip("%"))) < 0.01
+
+
+def file_form(name: str, text: str | None) -> str:
+    """The property's value as cgroup file text ``text`` shows it (for people reading a plan)."""
+    if text is None:
+        return "(cpu controller off)"
+    words = text.split()
+    if name == "CPUWeight" or len(words) != 2 or words[0] == "max":
+        return "(default)" if words in (["max", "100000"], ["100"]) else text.strip()
+    try:
+        return cpu_quota(int(words[0]) / int(words[1]))
+    except (ValueError, ZeroDivisionError):
+        return text.strip()
+
+
 def cpu_quota(cpus: float) -> str:
     """``cpus`` CPUs' worth of time as CPUQuota= takes it (4 -> "400%")."""
     percent = cpus * 100

@@ -6,7 +6,9 @@ property's assignment form ("400%", "50", or "" for systemd's default), read bac
 ``systemctl show`` (:mod:`gputuned.kernel.units`): revert sets the value read before the
 first change, which puts systemd's view and the cgroup file back as they were. The runtime
 drop-in that ``set-property`` leaves in /run/systemd/system.control stays until reboot, with
-the original value (an empty assignment where there was none).
+the original value (an empty assignment where there was none). The read-back (and the daemon's
+drift check) reads the unit's cgroup file, which systemd writes from the property, rather than
+start ``systemctl`` for every check.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.kernel.units import SHOWN_AS, UNIT_NAME
+from gputuned.kernel.units import CGROUP_FILE, SHOWN_AS, UNIT_NAME, file_form, file_holds
 from gputuned.settings.base import Op, Setting
 from gputuned.settings.sysfs import CGROUP
 
@@ -42,9 +44,12 @@ class UnitProperty(Setting):
         self, kernel: Kernel, op: Op, value: str, *, just_written: bool = False
     ) -> tuple[bool, str]:
         # A unit that has stopped (a session's scope) holds any value: nothing to restore.
-        if not kernel.is_dir(str(op.data["cgroup"])):
+        cgroup = str(op.data["cgroup"])
+        if not kernel.is_dir(cgroup):
             return True, "(the unit has stopped)"
-        return super().holds(kernel, op, value, just_written=just_written)
+        prop = str(op.data["property"])
+        text = kernel.read_optional(f"{cgroup}/{CGROUP_FILE[prop]}")
+        return file_holds(prop, value, text), file_form(prop, text)
 
     def not_possible(self, op: Op, exc: errors.GputunedError) -> str | None:
         if isinstance(exc, errors.TargetGone):

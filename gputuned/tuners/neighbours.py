@@ -9,7 +9,8 @@ the kernel's default 100) on every cgroup that holds neither the server nor gput
 (Documentation/admin-guide/cgroup-v2.rst, "CPU Interface Files").
 
 Which cgroups: the children of the cgroup v2 root, except gputuned's own (the `[cpuset]`
-cgroup and its per-node or per-GPU siblings, and `gputuned.service`, the daemon), the cgroups
+cgroup and its per-node or per-GPU siblings, and `gputuned.service`, the daemon), systemd's
+`init.scope` (PID 1, which starts every login and unit), the cgroups
 of the processes the `[[process]]` rules place (where a rule moves them into the partition,
 that is gputuned's own) and those listed in `keep`. Where a child holds the server or
 gputuned further down (systemd's `system.slice` holding `inference.service`), its own children
@@ -43,6 +44,7 @@ Absent table: nothing changes. Revert puts back each value read before the first
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 from pydantic import (
@@ -57,13 +59,15 @@ from pydantic import (
 
 from gputuned import errors
 from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
-from gputuned.kernel import units
+from gputuned.kernel import Kernel, units
 from gputuned.settings.registry import of_change
 
 #: cpu.max's period: the kernel's default (100 ms), kept as it is.
 PERIOD_US = 100_000
-#: gputuned's own unit: the daemon is never capped.
+#: gputuned's own unit: the daemon is never capped. Its cgroup where systemd puts a system
+#: service without Slice= (systemd.special(7): system.slice).
 OWN_UNIT = "gputuned.service"
+OWN_UNIT_CGROUP = f"system.slice/{OWN_UNIT}"
 
 
 class Config(BaseModel):
@@ -200,6 +204,10 @@ def _protected(ctx: PlanContext, settings: list[Change], cfg: Config) -> set[str
         for entry in line.splitlines():
             if entry.startswith("0::"):
                 out.add(entry[3:].strip("/"))
+    if ctx.kernel.is_dir(f"{mount}/{OWN_UNIT_CGROUP}"):
+        out.add(OWN_UNIT_CGROUP)  # the daemon: system.slice is walked through, not capped
+    # PID 1 (systemd's init.scope): it starts every login and unit; capping it buys nothing.
+    out.add("init.scope")
     out.discard("")
     return out
 
@@ -345,22 +353,20 @@ def _unit_changes(
     if cfg.weight is not None:
         wanted["CPUWeight"] = str(cfg.weight)
     for prop, value in wanted.items():
-        try:
-            now = ctx.kernel.unit_property(unit, prop)
-        except errors.HostError as exc:
-            now = f"(unknown: {exc})"
+        # Read from the cgroup file systemd writes: no systemctl per unit in every plan.
+        text = ctx.kernel.read_optional(f"{mount}/{rel}/{units.CGROUP_FILE[prop]}")
         out.append(
             Change(
                 "neighbours",
                 f"{unit} {prop}",
-                now or "(default)",
+                units.file_form(prop, text),
                 value,
                 "a neighbour of the server, through systemd so that its view agrees",
                 path=unit,
                 key=f"unit_property:{unit}:{prop}",
                 kind="unit_property",
                 data={"property": prop, "cgroup": f"{mount}/{rel}"},
-                in_sync=now == value,
+                in_sync=units.file_holds(prop, value, text),
             )
         )
     return out
@@ -368,3 +374,40 @@ def _unit_changes(
 
 def _report_only(ch: Change) -> Change:
     return replace(ch, report_only=True)
+
+
+def capped_servers(kernel: Kernel, applied: list[Change], placed: list[Change]) -> list[int]:
+    """Processes of ``placed`` (a placement's settings) that run in, or below, a cgroup that
+    ``applied`` (the settings in force) weights or caps as a neighbour: a server that started
+    after the neighbours were planned, in a cgroup they took for another's. The daemon plans
+    again in full when there is one (the server's cgroup is then left alone)."""
+    capped = {_cgroup_of_change(c) for c in applied if c.tuner == "neighbours"} - {None}
+    if not capped:
+        return []
+    moved = {int(c.data.get("pid", 0)) for c in placed if c.kind == "proc_cgroup"}
+    out = []
+    for pid in sorted({int(c.data["pid"]) for c in placed if isinstance(c.data.get("pid"), int)}):
+        if pid in moved:
+            continue  # into gputuned's own cgroup
+        try:
+            line = kernel.read_text(f"/proc/{pid}/cgroup")
+        except errors.HostError:
+            continue
+        for entry in line.splitlines():
+            if entry.startswith("0::"):
+                path = entry[3:].rstrip("/")
+                if any(path == c or path.startswith(c + "/") for c in capped if c):
+                    out.append(pid)
+    return out
+
+
+def _cgroup_of_change(ch: Change) -> str | None:
+    """The cgroup (as /proc/PID/cgroup names it, from the mount) a neighbour change is on."""
+    if ch.kind == "cgroup_cpu":
+        host_path = ch.path.rsplit("/", 1)[0]
+    elif ch.kind == "unit_property":
+        host_path = str(ch.data.get("cgroup", ""))
+    else:
+        return None
+    m = re.match(r"/sys/fs/cgroup(/.*)", host_path)
+    return m.group(1) if m else None

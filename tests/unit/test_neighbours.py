@@ -208,9 +208,14 @@ def test_a_parent_with_processes_of_its_own_cannot_enable_the_controller(tmp_pat
 
 def test_keep_and_gputuneds_own_unit_are_left_alone(tmp_path: Path) -> None:
     root = host(tmp_path)
-    TreeModel(root).mkdir(f"{CG}/init.scope")
-    plan = plan_profile(tree_kernel(root), profile({"weight": 20, "keep": ["init.scope"]}))
-    assert "/init.scope cpu.weight" not in mine(plan)
+    model = TreeModel(root)
+    model.mkdir(f"{CG}/init.scope")
+    model.mkdir(f"{CG}/backup")
+    model.mkdir(f"{CG}/batch")
+    plan = plan_profile(tree_kernel(root), profile({"weight": 20, "keep": ["backup"]}))
+    assert "/backup cpu.weight" not in mine(plan)
+    assert "/init.scope cpu.weight" not in mine(plan)  # PID 1: never
+    assert "/batch cpu.weight" in mine(plan)
     assert "/user.slice cpu.weight" in mine(plan)
 
 
@@ -360,3 +365,103 @@ def test_journal_entries_neighbours_write_are_accepted() -> None:
         ),
     ]
     assert [refusal(op, op.value) for op in ok] == [None] * len(ok)
+
+
+def test_systemd_units_are_read_back_from_their_cgroup_files_not_systemctl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan (and the daemon's drift check, which reads back with the same holds) starts no
+    systemctl; apply asks systemd once per property, for the original it journals."""
+    from gputuned.sim.tree import SimKernel
+
+    root = host(tmp_path, systemd=True)
+    asked: list[tuple[str, str]] = []
+    real = SimKernel.unit_property
+
+    def counted(self: SimKernel, unit: str, name: str) -> str:
+        asked.append((unit, name))
+        return real(self, unit, name)
+
+    monkeypatch.setattr(SimKernel, "unit_property", counted)
+    kernel = tree_kernel(root)
+    prof = profile({"cap_cpus": 4, "weight": 50})
+    plan_profile(kernel, prof)
+    assert asked == []
+    apply_profile(kernel, prof)
+    assert sorted(asked) == [
+        ("system.slice", "CPUQuota"),
+        ("system.slice", "CPUWeight"),
+        ("user.slice", "CPUQuota"),
+        ("user.slice", "CPUWeight"),
+    ]
+    asked.clear()
+    again = plan_profile(kernel, prof)
+    assert asked == [] and not [c for c in again.changes if c.tuner == "neighbours"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "text", "held"),
+    [
+        ("CPUQuota", "400%", "400000 100000", True),
+        ("CPUQuota", "400%", "200000 50000", True),  # the same share of another period
+        ("CPUQuota", "400%", "max 100000", False),
+        ("CPUQuota", "", "max 100000", True),
+        ("CPUQuota", "", "100000 100000", False),
+        ("CPUQuota", "150%", None, False),
+        ("CPUWeight", "50", "50", True),
+        ("CPUWeight", "", "100", True),
+        ("CPUWeight", "50", "100", False),
+    ],
+)
+def test_unit_values_as_their_cgroup_files_show_them(
+    name: str, value: str, text: str | None, held: bool
+) -> None:
+    assert units.file_holds(name, value, text) is held
+
+
+def test_a_server_that_starts_later_in_a_capped_cgroup_is_uncapped_by_the_daemon(
+    tmp_path: Path, events: object
+) -> None:
+    """A rule that leaves its processes where they are: the daemon capped user.slice before
+    the server existed; once it places a server that started there, it plans in full again,
+    and user.slice's other children are capped instead."""
+    from gputuned.daemon.core import Daemon
+
+    root = host(tmp_path, server_unit=True)
+    (root / f"proc/{SERVER_PID}").rename(tmp_path / "server-later")  # not running yet
+    (root / "sys/fs/cgroup/system.slice/inference.service/cgroup.procs").write_text("")
+    prof = tmp_path / "nb.toml"
+    prof.write_text(
+        'name = "nb"\n[cpusets.inference]\ncpus = "8-15"\n'
+        '[[process]]\nname = "server"\nmatch.cmdline = "vllm"\nmatch.uid = 1000\ncpus = "inference"\nnice = -10\n'
+        "[neighbours]\ncap_cpus = 2\n"
+    )
+    d = Daemon(tree_kernel(root), profile_path=prof)
+    d.start()
+    cg = root / "sys/fs/cgroup"
+    assert (cg / "user.slice/cpu.max").read_text() == "200000 100000\n"
+    add_process(
+        root,
+        9090,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
+        exe="/usr/bin/python3",
+        start_time=99999,
+        cgroup="/user.slice/user-1000.slice/session-7.scope",
+        uid=1000,
+    )
+    d._place([9090], "test")
+    assert 9090 in d.placed
+    assert (cg / "user.slice/cpu.max").read_text() == "max 100000\n"  # the cap is lifted
+    assert "/user.slice cpu.max" not in {c.target for c in d.settings}
+    d.stop()
+
+
+def test_gputuneds_own_service_keeps_system_slice_uncapped(tmp_path: Path) -> None:
+    root = host(tmp_path, systemd=True)
+    TreeModel(root).mkdir(f"{CG}/system.slice/gputuned.service")
+    plan = plan_profile(tree_kernel(root), profile({"cap_cpus": 4}))
+    assert mine(plan) == {
+        "user.slice CPUQuota": "400%",
+        "cron.service CPUQuota": "400%",  # system.slice's other children, not system.slice
+    }
