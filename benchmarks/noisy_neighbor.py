@@ -236,8 +236,13 @@ class Noise:
                 self.procs.append(self.children.start(argv, stdin=subprocess.DEVNULL))
         if self.cgroup:
             from gputuned.kernel.live import LiveKernel
+            from gputuned.kernel.system import read_cgroup_layout
 
             kernel, where = LiveKernel(), f"/sys/fs/cgroup/{self.cgroup}"
+            if read_cgroup_layout(kernel).mode != "v2":
+                print("  --noise-cgroup: no cgroup v2 hierarchy here; the noise stays put")
+                Noise.cgroup = None
+                return
             if not kernel.is_dir(where):
                 kernel.mkdir(where)
             for proc in self.procs:

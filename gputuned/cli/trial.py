@@ -15,7 +15,8 @@ Metrics (``--metric``):
 
 - ``runq`` (default): the run-queue delay of the placed processes' threads
   (``/proc/PID/task/TID/schedstat``, second field), in ms per second of the window: the
-  delay busy neighbours cause (lower is better);
+  delay busy neighbours cause (lower is better). Values under ``--floor`` (1 ms/s by default)
+  count as equal: two near-zero delays differ by large ratios and by nothing that matters;
 - ``cpu``: their CPU time per unit of work (ms per unit), the work read from ``--work
   URL#counter`` (a counter of the server's, such as ``vllm:generation_tokens``; lower is
   better);
@@ -309,7 +310,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
         nonlocal ended
         ended = host.restore()
 
-    trial = Trial(apply, measure, restore, lower_is_better=lower, on_pair=on_pair)
+    floor = args.floor if args.floor is not None else (1.0 if args.metric == "runq" else 0.0)
+    trial = Trial(apply, measure, restore, lower_is_better=lower, floor=floor, on_pair=on_pair)
     # SIGTERM as Ctrl-C: the host goes back to its start either way.
     old = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -418,6 +420,12 @@ def add_trial_command(sub: Any) -> None:
     s.add_argument("--work", metavar="URL#COUNTER", help="the server's counter of work done")
     s.add_argument(
         "--better", choices=("lower", "higher"), help="which way is better (default: by the metric)"
+    )
+    s.add_argument(
+        "--floor",
+        type=float,
+        help="values below it count as equal, in the metric's unit (default: 1 ms/s for runq, "
+        "0 otherwise): near-zero delays differ by large ratios and nothing that matters",
     )
     s.add_argument(
         "--pid",

@@ -73,8 +73,11 @@ def order(pair: int) -> tuple[str, str]:
     return ("A", "B") if pair % 2 == 0 else ("B", "A")
 
 
-def gain(a: float, b: float, *, lower_is_better: bool) -> float:
-    """B's gain over A in percent (positive: B better)."""
+def gain(a: float, b: float, *, lower_is_better: bool, floor: float = 0.0) -> float:
+    """B's gain over A in percent (positive: B better). Values under ``floor`` count as the
+    floor: two run-queue delays of 0.01 and 0.02 ms/s differ by half, and by nothing that
+    matters, so below a floor both are the same."""
+    a, b = max(a, floor), max(b, floor)
     if a == 0:
         return 0.0 if b == 0 else (-100.0 if lower_is_better else 100.0)
     return 100.0 * ((a - b) if lower_is_better else (b - a)) / abs(a)
@@ -155,6 +158,7 @@ class Trial:
     measure: Callable[[], float]  # settles, then measures one window; the metric's value
     restore: Callable[[], None]  # the host as it started
     lower_is_better: bool = True
+    floor: float = 0.0  # values below it are equal (see gain)
     on_pair: Callable[[Pair], None] = field(default=lambda _p: None)
 
 
@@ -170,7 +174,7 @@ def run_trial(trial: Trial, rule: Rule) -> tuple[list[Pair], Verdict]:
                 trial.apply(side)
                 got[side] = trial.measure()
             p = Pair(i, order(i)[0], got["A"], got["B"], 0.0)
-            p.gain = gain(p.a, p.b, lower_is_better=trial.lower_is_better)
+            p.gain = gain(p.a, p.b, lower_is_better=trial.lower_is_better, floor=trial.floor)
             pairs.append(p)
             trial.on_pair(p)
         verdict = judge(pairs, rule)

@@ -116,6 +116,16 @@ def test_bad_rules_are_refused(text: str) -> None:
         parse_rule(text)
 
 
+def test_values_under_the_floor_are_ties() -> None:
+    assert gain(0.01, 0.02, lower_is_better=True) == pytest.approx(-100)
+    assert gain(0.01, 0.02, lower_is_better=True, floor=1.0) == 0.0
+    assert gain(0.01, 500.0, lower_is_better=True, floor=1.0) == pytest.approx(-49900)
+    w = Workload({"A": 0.01, "B": 0.03}, noise=0.5)  # both well under the floor
+    trial = Trial(w.apply, w.measure, w.restore, floor=1.0)
+    pairs, verdict = run_trial(trial, Rule(6, 5, 3.0))
+    assert verdict.winner is None and all(p.gain == 0 for p in pairs)
+
+
 def test_gain_direction() -> None:
     assert gain(10, 8, lower_is_better=True) == pytest.approx(20)
     assert gain(10, 8, lower_is_better=False) == pytest.approx(-20)
