@@ -203,3 +203,55 @@ def test_trial_command_refuses_one_profile_without_set(
     assert main(["trial", str(PROFILES / "shared-host.toml"), "--root", str(root)]) != 0
     assert "trial compares two sides" in capsys.readouterr().err
     assert digest(root) == before
+
+
+def test_trial_through_the_daemon_ends_on_the_profile_it_had(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With gputuned running, each side is applied over the control socket (here: straight to
+    the daemon's request handler), and with no winner the daemon's own profile comes back."""
+    from gputuned.daemon.core import Daemon
+    from gputuned.service import controlclient
+    from gputuned.service.control import PeerCred
+    from tests.faults import tree_kernel
+    from tests.unit.test_daemon import profile_file
+
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path, count=4))
+    d.start()
+    partition = root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus"
+    assert partition.read_text() == "1-4\n"
+    sent: list[str] = []
+
+    def request(_kernel: object, msg: dict[str, object]) -> dict[str, object]:
+        sent.append(str(msg["cmd"]))
+        return d._handle(msg, PeerCred(1, 0, 0))
+
+    monkeypatch.setattr(controlclient, "daemon_running", lambda _kernel: True)
+    monkeypatch.setattr(controlclient, "request", request)
+    rc = main(
+        [
+            "trial",
+            str(PROFILES / "shared-host.toml"),
+            "--set",
+            "cpusets.inference.count=2,6",
+            "--pairs",
+            "2",
+            "--min-wins",
+            "2",
+            "--window",
+            "0",
+            "--settle",
+            "0",
+            "--root",
+            str(root),
+            "--json",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["through"] == "daemon" and doc["verdict"]["winner"] is None
+    assert sent == ["apply"] * 5  # A, B, B, A, then the daemon's own profile again
+    assert "shared-host applied again" in doc["host"]
+    assert partition.read_text() == "1-4\n"
+    assert d.profile is not None and d.profile.name == "shared-host"
+    d.stop()
