@@ -392,7 +392,9 @@ def add_trial_command(sub: Any) -> None:
     )
     s.add_argument("--pairs", type=int, default=10, help="paired windows (default 10)")
     s.add_argument(
-        "--min-wins", type=int, default=8, help="pairs a side must be better in to win (default 8)"
+        "--min-wins",
+        type=int,
+        help="pairs a side must be better in to win (default: 80 %% of --pairs, rounded up)",
     )
     s.add_argument(
         "--min-gain",

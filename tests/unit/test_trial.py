@@ -126,6 +126,14 @@ def test_values_under_the_floor_are_ties() -> None:
     assert verdict.winner is None and all(p.gain == 0 for p in pairs)
 
 
+def test_default_wins_follow_the_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tree_copy("h200-vm", tmp_path)
+    args = ["trial", str(PROFILES / "shared-host.toml"), "--set", "cpusets.inference.count=4,8"]
+    args += ["--pairs", "4", "--window", "0", "--settle", "0", "--root", str(root), "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rule"]["min_wins"] == 4  # 80 % of 4, up
+
+
 def test_gain_direction() -> None:
     assert gain(10, 8, lower_is_better=True) == pytest.approx(20)
     assert gain(10, 8, lower_is_better=False) == pytest.approx(-20)
