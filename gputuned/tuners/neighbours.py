@@ -309,6 +309,8 @@ class _Walk:
                 "+cpu",
                 "the children's cpu.weight and cpu.max exist only with it",
                 path=f"{base}/cgroup.subtree_control",
+                # Not the default key: [cpuset] may enable cpuset in the same file.
+                key=f"controller:{base}/cgroup.subtree_control:cpu",
                 kind="controller",
                 data={"controller": "cpu"},
             )

@@ -465,3 +465,28 @@ def test_gputuneds_own_service_keeps_system_slice_uncapped(tmp_path: Path) -> No
         "user.slice CPUQuota": "400%",
         "cron.service CPUQuota": "400%",  # system.slice's other children, not system.slice
     }
+
+
+def test_cpu_and_cpuset_enabled_in_the_same_file_are_both_put_back(tmp_path: Path) -> None:
+    """The root enables neither controller: [cpuset] enables cpuset and [neighbours] cpu in
+    the same cgroup.subtree_control, each journaled under its own key."""
+    root = tree_copy("h200-vm", tmp_path, server=False)
+    (root / "sys/fs/cgroup/cgroup.subtree_control").write_text("")
+    add_process(
+        root,
+        BUSY_PID,
+        comm="burn",
+        cmdline=["/usr/bin/burn"],
+        exe="/usr/bin/burn",
+        start_time=5000,
+        cgroup="/user.slice/user-1000.slice/session-7.scope",
+        uid=1000,
+    )
+    before = digest(root)
+    kernel = tree_kernel(root)
+    _plan, report = apply_profile(kernel, profile({"cap_cpus": 2}))
+    assert not report.failed
+    assert (root / "sys/fs/cgroup/cgroup.subtree_control").read_text().split() == ["cpuset", "cpu"]
+    assert (root / "sys/fs/cgroup/user.slice/cpu.max").read_text() == "200000 100000\n"
+    assert not revert_all(kernel).failed
+    assert digest(root) == before
