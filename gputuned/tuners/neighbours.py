@@ -64,6 +64,12 @@ from gputuned.settings.registry import of_change
 
 #: cpu.max's period: the kernel's default (100 ms), kept as it is.
 PERIOD_US = 100_000
+#: A cgroup's interface files (cgroup.procs, cpu.max, memory.high, ...): not stat'ed one by one
+#: while looking for child cgroups (a systemd slice holds dozens of them per child).
+_INTERFACE_FILE = re.compile(
+    r"(?!.*\.(slice|service|scope)$)"  # a unit's cgroup (cpu.slice) is looked at
+    r"(cgroup|cpu|cpuset|memory|io|pids|hugetlb|rdma|misc|dmem|irq)\.[a-z_.]+"
+)
 #: gputuned's own unit: the daemon is never capped. Its cgroup where systemd puts a system
 #: service without Slice= (systemd.special(7): system.slice).
 OWN_UNIT = "gputuned.service"
@@ -235,7 +241,7 @@ class _Walk:
         through: list[str] = []
         for name in names:
             child = f"{rel}/{name}" if rel else name
-            if not self.kernel.is_dir(f"{self.mount}/{child}"):
+            if _INTERFACE_FILE.fullmatch(name) or not self.kernel.is_dir(f"{self.mount}/{child}"):
                 continue
             if child in self.protected or name == OWN_UNIT:
                 continue

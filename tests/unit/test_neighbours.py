@@ -490,3 +490,20 @@ def test_cpu_and_cpuset_enabled_in_the_same_file_are_both_put_back(tmp_path: Pat
     assert (root / "sys/fs/cgroup/user.slice/cpu.max").read_text() == "200000 100000\n"
     assert not revert_all(kernel).failed
     assert digest(root) == before
+
+
+@pytest.mark.parametrize(
+    ("name", "is_file"),
+    [
+        ("cgroup.procs", True),
+        ("cpu.max", True),
+        ("memory.pressure", True),
+        ("cpu.slice", False),  # a unit's cgroup, however it is named
+        ("user.slice", False),
+        ("process_api", False),
+    ],
+)
+def test_interface_files_are_told_from_child_cgroups_by_name(name: str, is_file: bool) -> None:
+    from gputuned.tuners.neighbours import _INTERFACE_FILE
+
+    assert bool(_INTERFACE_FILE.fullmatch(name)) is is_file
