@@ -70,6 +70,8 @@ _INTERFACE_FILE = re.compile(
     r"(?!.*\.(slice|service|scope)$)"  # a unit's cgroup (cpu.slice) is looked at
     r"(cgroup|cpu|cpuset|memory|io|pids|hugetlb|rdma|misc|dmem|irq)\.[a-z_.]+"
 )
+#: A user's own service manager: the units below it are the user's (systemd.special(7)).
+_USER_MANAGER = re.compile(r"user@\d+\.service")
 #: gputuned's own unit: the daemon is never capped. Its cgroup where systemd puts a system
 #: service without Slice= (systemd.special(7): system.slice).
 OWN_UNIT = "gputuned.service"
@@ -141,9 +143,8 @@ def plan_neighbours(ctx: PlanContext, settings: list[Change]) -> TunerPlan:
     tp.notes += walk.notes
     tp.refused += walk.refused
     tp.changes += walk.controllers
-    systemd = ctx.kernel.systemd
     for rel in walk.neighbours:
-        unit = units.unit_of(rel) if systemd else None
+        unit = system_unit(ctx.kernel, rel)
         if unit is not None:
             tp.changes += _unit_changes(ctx, cfg, rel, unit, quota, mount)
         else:
@@ -281,7 +282,7 @@ class _Walk:
         if "cpu" in sub:
             return True
         where = f"/{rel}" if rel else "the root cgroup"
-        if self.kernel.systemd and all(units.unit_of(k) for k in kids):
+        if all(system_unit(self.kernel, k) for k in kids):
             self.notes.append(
                 f"neighbours: the cpu controller is not enabled in {where} "
                 "(cgroup.subtree_control); systemd enables it when it sets the first "
@@ -322,6 +323,16 @@ class _Walk:
             )
         )
         return True
+
+
+def system_unit(kernel: Kernel, rel: str) -> str | None:
+    """The system manager's unit whose cgroup ``rel`` is, or None: no systemd as PID 1, a
+    cgroup no unit makes, or one inside a user's own manager (``user@1000.service``: its units
+    are the user manager's, and ``systemctl set-property`` would name a system unit of the same
+    name instead)."""
+    if not kernel.systemd or any(_USER_MANAGER.fullmatch(p) for p in rel.split("/")[:-1]):
+        return None
+    return units.unit_of(rel)
 
 
 def _file_changes(

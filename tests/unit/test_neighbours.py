@@ -507,3 +507,35 @@ def test_interface_files_are_told_from_child_cgroups_by_name(name: str, is_file:
     from gputuned.tuners.neighbours import _INTERFACE_FILE
 
     assert bool(_INTERFACE_FILE.fullmatch(name)) is is_file
+
+
+def test_a_users_own_units_are_written_as_files_not_through_the_system_manager(
+    tmp_path: Path,
+) -> None:
+    """The server runs as a user unit (user@1000.service/app.slice/vllm.service): its
+    siblings are the user manager's units, which `systemctl set-property` (the system
+    manager's) would not find, or would mistake for system units of the same name."""
+    root = host(tmp_path, systemd=True, server_unit=True)
+    model = TreeModel(root)
+    app = f"{CG}/user.slice/user-1000.slice/user@1000.service/app.slice"
+    for cg in (app.rsplit("/", 1)[0], app, f"{app}/vllm.service", f"{app}/cron.service"):
+        model.mkdir(cg)
+    (root / f"proc/{SERVER_PID}").rename(tmp_path / "moved")
+    add_process(
+        root,
+        SERVER_PID,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
+        exe="/usr/bin/python3.11",
+        start_time=123456,
+        cgroup="/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service",
+        uid=990,
+    )
+    plan = plan_profile(tree_kernel(root), profile({"weight": 30}, move=False))
+    assert set(mine(plan)) == {
+        # the user's own unit: its cgroup file
+        "/user.slice/user-1000.slice/user@1000.service/app.slice/cron.service cpu.weight",
+        # the system manager's units: through systemd
+        "session-7.scope CPUWeight",
+        "system.slice CPUWeight",
+    }
