@@ -28,7 +28,12 @@ systemd: where systemd is PID 1 (`/run/systemd/system`), a cgroup named like a u
 (`user.slice`, `cron.service`, `session-4.scope`) is changed through the unit's properties
 (`systemctl set-property --runtime UNIT CPUQuota=400% CPUWeight=50`), so that systemd's view
 (`systemctl show`, `systemctl status`) agrees and its next `daemon-reload` keeps the values.
-Other cgroups get the files written directly.
+Other cgroups get the files written directly, and so do those inside a user's own service manager
+(`user@1000.service/...`): their units are the user manager's, not the system's.
+
+The neighbours are planned with the rest of the profile. A server process that a rule leaves
+where it is (no `move_to_partition`) and that starts later inside a cgroup capped as a
+neighbour makes the daemon plan the whole profile again, which leaves that cgroup alone.
 
 The cpu controller must be enabled in the parent's `cgroup.subtree_control` for the children to
 have these files. Where it is not, apply enables it (`+cpu`, journaled, reverted), and the plan
