@@ -397,7 +397,7 @@ def _unit_changes(
 
 
 def _report_only(ch: Change) -> Change:
-    return replace(ch, report_only=True)
+    return replace(ch, report_only=True, why=f"{ch.why} (report only: not applied)")
 
 
 def capped_servers(kernel: Kernel, applied: list[Change], placed: list[Change]) -> list[int]:
