@@ -90,6 +90,12 @@ class Pair:
     a: float
     b: float
     gain: float  # B over A, percent
+    gain_a: float | None = None  # A over B, percent (None: -gain)
+
+    def gain_of(self, side: str) -> float:
+        if side == "B":
+            return self.gain
+        return -self.gain if self.gain_a is None else self.gain_a
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +104,7 @@ class Pair:
             "a": self.a,
             "b": self.b,
             "gain_b_over_a_pct": self.gain,
+            "gain_a_over_b_pct": self.gain_of("A"),
         }
 
 
@@ -127,16 +134,17 @@ def judge(pairs: list[Pair], rule: Rule) -> Verdict:
         return Verdict(None, 0, 0.0, (0.0, 0.0), "no pair was measured")
     gains = [p.gain for p in pairs]
     med = statistics.median(gains)
-    for side, sign in (("B", 1.0), ("A", -1.0)):
-        mine = [sign * g for g in gains]
+    for side in ("B", "A"):
+        mine = [p.gain_of(side) for p in pairs]
         wins = sum(1 for g in mine if g > 0)
-        if wins >= rule.min_wins and sign * med >= rule.min_gain and sign * med > 0:
+        m = statistics.median(mine)
+        if wins >= rule.min_wins and m >= rule.min_gain and m > 0:
             return Verdict(
                 side,
                 wins,
-                sign * med,
+                m,
                 (min(mine), max(mine)),
-                f"{side} better in {wins} of {len(pairs)} pairs, median gain {sign * med:.1f} %",
+                f"{side} better in {wins} of {len(pairs)} pairs, median gain {m:.1f} %",
             )
     b_wins = sum(1 for g in gains if g > 0)
     return Verdict(
@@ -175,6 +183,8 @@ def run_trial(trial: Trial, rule: Rule) -> tuple[list[Pair], Verdict]:
                 got[side] = trial.measure()
             p = Pair(i, order(i)[0], got["A"], got["B"], 0.0)
             p.gain = gain(p.a, p.b, lower_is_better=trial.lower_is_better, floor=trial.floor)
+            # A's own gain over B (the same comparison from A's side: relative to B).
+            p.gain_a = gain(p.b, p.a, lower_is_better=trial.lower_is_better, floor=trial.floor)
             pairs.append(p)
             trial.on_pair(p)
         verdict = judge(pairs, rule)

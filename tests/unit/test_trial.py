@@ -55,9 +55,11 @@ def test_a_side_that_really_differs_wins_and_the_host_ends_on_it() -> None:
 
 
 def test_a_wins_when_a_is_better() -> None:
-    w = Workload({"A": 100.0, "B": 80.0})
+    w = Workload({"A": 100.0, "B": 80.0}, noise=0.0)
     _pairs, verdict = run_trial(w.trial(lower=False), Rule(10, 8, 3.0))  # higher is better
     assert verdict.winner == "A" and w.side == "A"
+    # A's gain is over B: 100 against 80 is +25 % (not the 20 % B loses against A).
+    assert verdict.median_gain == pytest.approx(25.0, abs=1.0)
 
 
 def test_equal_sides_give_no_winner_and_the_host_as_it_started() -> None:
