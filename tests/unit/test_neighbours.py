@@ -32,11 +32,24 @@ CRON_PID = 6161
 ROOT_PIDS = (1, 2, 300)  # init, kthreadd, a daemon started at boot: in the root cgroup
 
 
-def host(tmp_path: Path, *, systemd: bool = False, server_unit: bool = False) -> Path:
-    """The H200 tree with neighbours: a user's burner in user.slice, cron in system.slice,
-    three processes in the root cgroup (one a kernel thread); the server in a user's session,
-    or (``server_unit``) in system.slice/inference.service."""
-    root = tree_copy("h200-vm", tmp_path, server=not server_unit)
+def add_server(root: Path, cgroup: str) -> None:
+    """A vLLM-like server (as tests/unit/test_apply.py's tree_copy makes it) in ``cgroup``."""
+    cpus = (root / "sys/devices/system/cpu/online").read_text().strip()
+    add_process(
+        root,
+        SERVER_PID,
+        comm="python3",
+        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
+        exe="/usr/bin/python3.11",
+        start_time=123456,
+        cgroup=cgroup,
+        cpus=cpus,
+        uid=990,
+    )
+
+
+def add_burner(root: Path) -> None:
+    """A neighbour's burner in a user's session."""
     add_process(
         root,
         BUSY_PID,
@@ -47,6 +60,14 @@ def host(tmp_path: Path, *, systemd: bool = False, server_unit: bool = False) ->
         cgroup="/user.slice/user-1000.slice/session-7.scope",
         uid=1000,
     )
+
+
+def host(tmp_path: Path, *, systemd: bool = False, server_unit: bool = False) -> Path:
+    """The H200 tree with neighbours: a user's burner in user.slice, cron in system.slice,
+    three processes in the root cgroup (one a kernel thread); the server in a user's session,
+    or (``server_unit``) in system.slice/inference.service."""
+    root = tree_copy("h200-vm", tmp_path, server=not server_unit)
+    add_burner(root)
     add_process(
         root,
         CRON_PID,
@@ -71,18 +92,7 @@ def host(tmp_path: Path, *, systemd: bool = False, server_unit: bool = False) ->
     fields[8] = str(int(fields[8]) | 0x00200000)
     kthread.write_text(" ".join(fields))
     if server_unit:
-        cpus = (root / "sys/devices/system/cpu/online").read_text().strip()
-        add_process(
-            root,
-            SERVER_PID,
-            comm="python3",
-            cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
-            exe="/usr/bin/python3.11",
-            start_time=123456,
-            cgroup="/system.slice/inference.service",
-            cpus=cpus,
-            uid=990,
-        )
+        add_server(root, "/system.slice/inference.service")
     if systemd:
         (root / "run/systemd/system").mkdir(parents=True)
     return root
@@ -472,16 +482,7 @@ def test_cpu_and_cpuset_enabled_in_the_same_file_are_both_put_back(tmp_path: Pat
     the same cgroup.subtree_control, each journaled under its own key."""
     root = tree_copy("h200-vm", tmp_path, server=False)
     (root / "sys/fs/cgroup/cgroup.subtree_control").write_text("")
-    add_process(
-        root,
-        BUSY_PID,
-        comm="burn",
-        cmdline=["/usr/bin/burn"],
-        exe="/usr/bin/burn",
-        start_time=5000,
-        cgroup="/user.slice/user-1000.slice/session-7.scope",
-        uid=1000,
-    )
+    add_burner(root)
     before = digest(root)
     kernel = tree_kernel(root)
     _plan, report = apply_profile(kernel, profile({"cap_cpus": 2}))
@@ -521,16 +522,7 @@ def test_a_users_own_units_are_written_as_files_not_through_the_system_manager(
     for cg in (app.rsplit("/", 1)[0], app, f"{app}/vllm.service", f"{app}/cron.service"):
         model.mkdir(cg)
     (root / f"proc/{SERVER_PID}").rename(tmp_path / "moved")
-    add_process(
-        root,
-        SERVER_PID,
-        comm="python3",
-        cmdline=["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"],
-        exe="/usr/bin/python3.11",
-        start_time=123456,
-        cgroup="/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service",
-        uid=990,
-    )
+    add_server(root, "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service")
     plan = plan_profile(tree_kernel(root), profile({"weight": 30}, move=False))
     assert set(mine(plan)) == {
         # the user's own unit: its cgroup file

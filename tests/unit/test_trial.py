@@ -171,31 +171,21 @@ def test_metric_targets_must_be_http_and_a_name(text: str) -> None:
         parse_target(text)
 
 
+def two_quick_pairs(root: Path, counts: str) -> int:
+    """gputunectl trial on ``root``: shared-host with two [cpusets.inference] counts, two pairs
+    of empty windows, JSON out."""
+    args = ["trial", str(PROFILES / "shared-host.toml"), "--set"]
+    args += [f"cpusets.inference.count={counts}", "--pairs", "2", "--min-wins", "2"]
+    return main([*args, "--window", "0", "--settle", "0", "--root", str(root), "--json"])
+
+
 def test_trial_command_on_a_tree_names_no_winner_and_leaves_the_host_as_it_was(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A tree's schedstat counters stand still: both sides measure the same, so no winner.
     root = tree_copy("h200-vm", tmp_path)
     before = digest(root)
-    rc = main(
-        [
-            "trial",
-            str(PROFILES / "shared-host.toml"),
-            "--set",
-            "cpusets.inference.count=4,8",
-            "--pairs",
-            "2",
-            "--min-wins",
-            "2",
-            "--window",
-            "0",
-            "--settle",
-            "0",
-            "--root",
-            str(root),
-            "--json",
-        ]
-    )
+    rc = two_quick_pairs(root, "4,8")
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert doc["verdict"]["winner"] is None
@@ -239,25 +229,7 @@ def test_trial_through_the_daemon_ends_on_the_profile_it_had(
 
     monkeypatch.setattr(controlclient, "daemon_running", lambda _kernel: True)
     monkeypatch.setattr(controlclient, "request", request)
-    rc = main(
-        [
-            "trial",
-            str(PROFILES / "shared-host.toml"),
-            "--set",
-            "cpusets.inference.count=2,6",
-            "--pairs",
-            "2",
-            "--min-wins",
-            "2",
-            "--window",
-            "0",
-            "--settle",
-            "0",
-            "--root",
-            str(root),
-            "--json",
-        ]
-    )
+    rc = two_quick_pairs(root, "2,6")
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["through"] == "daemon" and doc["verdict"]["winner"] is None
     assert sent == ["apply"] * 5  # A, B, B, A, then the daemon's own profile again
