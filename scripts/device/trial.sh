@@ -52,12 +52,15 @@ ps = [mp.get_context("fork").Process(target=burn, daemon=True) for _ in range(4)
 [p.start() for p in ps]
 time.sleep(900)' &
 pids+=($!)
-mkdir -p /sys/fs/cgroup/trial-noise
+# The burners in a cgroup of their own where /sys/fs/cgroup is cgroup v2 (elsewhere it may be a
+# tmpfs, where mkdir would make a plain folder): the neighbours as a real host has them.
+v2=; [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && v2=1 && mkdir -p /sys/fs/cgroup/trial-noise
 for i in $(seq "$(nproc)"); do
-  timeout 900 python3 -c 'while True: pass' & pids+=($!); echo $! >/sys/fs/cgroup/trial-noise/cgroup.procs
+  timeout 900 python3 -c 'while True: pass' & pids+=($!)
+  [ -n "$v2" ] && echo $! >/sys/fs/cgroup/trial-noise/cgroup.procs
 done
 sleep 2
-echo "== server pid ${pids[0]}, $(( ${#pids[@]} - 1 )) burners in /trial-noise; $pairs pairs, ${window} s windows"
+echo "== server pid ${pids[0]}, $(( ${#pids[@]} - 1 )) burners${v2:+ in /trial-noise}; $pairs pairs, ${window} s windows"
 rule=(--pairs "$pairs" --min-wins $(( pairs - 1 )) --min-gain 3 --window "$window" --settle 2)
 echo "== trial 1: 8 against 12 CPUs (expected: no winner)"
 ctl trial "$out/profiles/trial.toml" --set cpusets.inference.count=8,12 "${rule[@]}"
@@ -67,7 +70,7 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); [print(f"pair {p["p
 echo "== the host after trial 2 (on the winner): revert"
 ctl revert >/dev/null && echo reverted
 kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null
-rmdir /sys/fs/cgroup/trial-noise 2>/dev/null && echo "noise cgroup removed"
+[ -n "$v2" ] && rmdir /sys/fs/cgroup/trial-noise && echo "noise cgroup removed"
 ctl capture --stable "$cap/after" >/dev/null 2>&1
 echo "== capture diff (before vs after; capture --stable)"
 diff -r "$cap/before" "$cap/after" >/dev/null && echo "captures identical" || diff -rq "$cap/before" "$cap/after" | head
