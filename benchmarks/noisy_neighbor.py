@@ -206,7 +206,15 @@ def role_disk(deadline: float, directory: str, work: WorkCounter) -> None:
 
 
 class Noise:
-    """One noise kind: ``cpu``, ``net``, ``disk`` or ``heavy`` (all three)."""
+    """One noise kind: ``cpu``, ``net``, ``disk`` or ``heavy`` (all three).
+
+    ``cgroup`` (``--noise-cgroup NAME``): the noise runs in the top-level cgroup v2 ``NAME``,
+    made for it and removed after, as a real host's neighbours run in cgroups of their own
+    (user.slice, a container); ``[neighbours]`` then weights or caps it. Without it the noise
+    stays in this benchmark's cgroup.
+    """
+
+    cgroup: str | None = None
 
     def __init__(self, children: Children, kind: str, counts: dict[str, int], disk_dir: str):
         self.children, self.kind, self.counts, self.disk_dir = children, kind, counts, disk_dir
@@ -226,6 +234,19 @@ class Noise:
                 if part == "disk":
                     argv += ["--disk-dir", self.disk_dir]
                 self.procs.append(self.children.start(argv, stdin=subprocess.DEVNULL))
+        if self.cgroup:
+            from gputuned.kernel.live import LiveKernel
+            from gputuned.kernel.system import read_cgroup_layout
+
+            kernel, where = LiveKernel(), f"/sys/fs/cgroup/{self.cgroup}"
+            if read_cgroup_layout(kernel).mode != "v2":
+                print("  --noise-cgroup: no cgroup v2 hierarchy here; the noise stays put")
+                Noise.cgroup = None
+                return
+            if not kernel.is_dir(where):
+                kernel.mkdir(where)
+            for proc in self.procs:
+                kernel.move_to_cgroup(proc.pid, where)
 
     def work(self) -> dict[str, int]:
         """The work done so far per part: burner iterations, bytes sent, bytes fsync'd."""
@@ -239,6 +260,12 @@ class Noise:
         for p in self.procs:
             self.children.stop(p, wait=3.0)
         self.procs = []
+        if self.cgroup:
+            from gputuned import errors
+            from gputuned.kernel.live import LiveKernel
+
+            with contextlib.suppress(errors.GputunedError):  # busy: a process not yet reaped
+                LiveKernel().rmdir(f"/sys/fs/cgroup/{self.cgroup}")
         if self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = ""
@@ -1287,6 +1314,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--api-chars", type=int, help=argparse.SUPPRESS)
     add_noise_args(ap)
     ap.add_argument("--keep-latencies", action="store_true", help="every token's latency in JSON")
+    ap.add_argument(
+        "--noise-cgroup",
+        metavar="NAME",
+        help="run the noise in the top-level cgroup v2 NAME (made, then removed): the "
+        "neighbours as [neighbours] sees them on a real host",
+    )
     # Internal: the processes this benchmark starts run this file again in a role.
     ap.add_argument(
         "--role", choices=("worker", "api", "cpu", "net", "disk"), help=argparse.SUPPRESS
@@ -1294,6 +1327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--counter", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    Noise.cgroup = args.noise_cgroup
     if args.role is None and args.out is None:
         ap.error("--out DIR is required")
     if args.no_gputuned:

@@ -118,15 +118,6 @@ class FaultKernel(KernelBase):
     def char_device(self, hpath: str) -> tuple[int, int] | None:
         return self.inner.char_device(hpath)
 
-    def unit_property(self, unit: str, name: str) -> str | None:
-        return self.inner.unit_property(unit, name)
-
-    def set_unit_property(self, unit: str, name: str, value: str) -> None:
-        path = f"{unit}:{name}"
-        self._check_fault("write", path)
-        self.inner.set_unit_property(unit, name, value)
-        self._wrote(WriteRecord(path, value.encode()))
-
     def thread_group(self, tid: int) -> int:
         return self.inner.thread_group(tid)
 
@@ -147,6 +138,17 @@ class FaultKernel(KernelBase):
 
     def user_id(self, name: str) -> int | None:
         return self.inner.user_id(name)
+
+    def unit_property(self, unit: str, name: str) -> str | None:
+        self._check_fault("read", f"{unit}:{name}")
+        return self.inner.unit_property(unit, name)
+
+    def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        hpath = f"{unit}:{name}"  # as the tree's write_errors name it (sim/tree.py)
+        self._check_fault("write", hpath)
+        if not self._dropped(hpath):
+            self.inner.set_unit_property(unit, name, value)
+        self._wrote(WriteRecord(hpath, value.encode()))
 
     def start_remount(self, point: str, fstype: str, super_options: str) -> Callable[[], None]:
         """Fault checks and the write record stay in the calling thread, so injected faults

@@ -15,6 +15,7 @@ from gputuned import __version__, errors, exitcodes, root
 from gputuned.cli.args import Handler, add_json, add_root, print_json
 from gputuned.cli.output import ParseError, Parser, error_json, guard_stdout, wants_json
 from gputuned.cli.render import console, render_inspect, shown
+from gputuned.cli.trial import add_trial_command
 from gputuned.cli.tuning import add_tuning_commands, cmd_plan
 from gputuned.textsafe import PrintableFormatter
 
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_plan)
 
     add_tuning_commands(sub)
+    add_trial_command(sub)
 
     s = sub.add_parser("capture", help="copy what gputuned reads from this host into DIR")
     s.add_argument("dir", type=Path, metavar="DIR")

@@ -39,6 +39,7 @@ from gputuned.store.state import ACTIVE, HostLock
 from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.gpuplace import tree_roots
+from gputuned.tuners.neighbours import capped_servers
 from gputuned.tuners.process import Claim, claim_processes
 from gputuned.tuners.selfbind import warnings_for
 from gputuned.tuners.spread import Held, held_threads
@@ -290,6 +291,9 @@ class Keeper:
         report = ApplyReport()
         assert self.journal is not None
         apply_settings(self.kernel, self.journal, settings, report, keep_going=True, batch=True)
+        capped = capped_servers(self.kernel, self.settings, settings)
+        if capped:  # it started in a cgroup [neighbours] caps: plan the neighbours again
+            self._reapply(f"placed process(es) {capped} run in a cgroup [neighbours] caps")
         if report.written:
             self.counters["placements"] += 1
             log.info(

@@ -30,6 +30,7 @@ from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.layout import plan_layout
 from gputuned.profile.model import Profile
 from gputuned.tuners.gpuuse import gpu_use
+from gputuned.tuners.neighbours import plan_neighbours
 from gputuned.tuners.proctree import Claim
 
 log = logging.getLogger(__name__)
@@ -208,6 +209,11 @@ def plan_profile(
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
     result.notes += coexistence_notes(kernel, profile, ctx.processes, plan=True)
+    # The neighbours are whatever the other tuners' settings leave out (the server's cgroups).
+    tp = plan_neighbours(ctx, result.settings)
+    result.settings += tp.changes
+    result.refused += tp.refused
+    result.notes += tp.notes
     result.layout = plan_layout(ctx, result.settings)
     result.refused += daemon_refusals(profile.daemon)
     if result.blocked and not allow_blocked:

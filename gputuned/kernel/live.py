@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gputuned import errors
-from gputuned.kernel import mounts
+from gputuned.kernel import mounts, units
 from gputuned.kernel.base import KernelBase, translating, write_file
 from gputuned.kernel.sysinstall import run_tool
 from gputuned.kernel.systemd import dropin
@@ -90,21 +90,27 @@ class LiveKernel(KernelBase):
         except KeyError:
             return None
 
-    # -- systemd --------------------------------------------------------------------------
+    # -- systemd's units ------------------------------------------------------------------
 
     def unit_property(self, unit: str, name: str) -> str | None:
         """``systemctl show``: LoadState first, since a unit systemd does not know shows
-        empty values and exit status 0."""
-        argv = ["systemctl", "--no-ask-password", "show", "-p", f"LoadState,{name}", "--", unit]
+        empty values and exit status 0. CPUQuota and CPUWeight come back in the form an
+        assignment takes (:func:`gputuned.kernel.units.show_form`)."""
+        shown = units.SHOWN_AS.get(name, name)
+        argv = ["systemctl", "--no-ask-password", "show", "-p", f"LoadState,{shown}", "--", unit]
         run = run_tool(argv, timeout=30)
         if run.rc != 0:
-            raise errors.HostError(f"systemctl show {unit}: {run.output or f'exit {run.rc}'}")
+            raise _unit_error(unit, "read", run.rc, run.output)
         fields = dict(line.partition("=")[::2] for line in run.output.splitlines())
         if fields.get("LoadState") != "loaded":
             return None
-        return fields.get(name, "").strip()
+        value = fields.get(shown, "").strip()
+        return units.show_form(name, value) if name in units.SHOWN_AS else value
 
     def set_unit_property(self, unit: str, name: str, value: str) -> None:
+        if name in units.SHOWN_AS:
+            units.check_property(name, value)
+        # "--" ends the options: a unit name never reaches systemctl as one of them.
         argv = ["systemctl", "--no-ask-password", "set-property", "--runtime", "--", unit]
         argv.append(f"{name}={value}")
         run = run_tool(argv, timeout=30)
@@ -113,11 +119,7 @@ class LiveKernel(KernelBase):
         said = run.output or f"exit status {run.rc}"
         if "not loaded" in said or "not found" in said:
             raise errors.TargetGone(f"unit {unit}: {said}", path=dropin(unit, name), errno=E.ENOENT)
-        raise errors.HostError(
-            f"{' '.join(argv)} failed: {said}; systemd must run as PID 1 and answer on its "
-            "private socket (/run/systemd/private)",
-            path=dropin(unit, name),
-        )
+        raise _unit_error(unit, "set", run.rc, run.output)
 
     # -- mounts ---------------------------------------------------------------------------
 
@@ -160,6 +162,21 @@ def set_own_realtime(priority: int) -> None:
         lambda: os.sched_setscheduler(0, policy, param),
         "/proc/thread-self:scheduler",
         policy="fifo",
+    )
+
+
+def _unit_error(unit: str, what: str, rc: int, output: str) -> errors.HostError:
+    """systemctl's failure as a gputuned error; a unit that is gone is TargetGone."""
+    text = output.strip()[:300] or f"exit status {rc}"
+    if "not loaded" in text or "not found" in text.lower():
+        return errors.TargetGone(
+            f"systemd unit {unit}: not loaded ({text}); it has stopped", path=unit, errno=E.ENOENT
+        )
+    return errors.HostError(
+        f"systemctl could not {what} a property of {unit}: {text}; check `systemctl status "
+        f"{unit}` and that systemd answers on D-Bus",
+        path=unit,
+        errno=E.EIO,
     )
 
 

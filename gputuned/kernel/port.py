@@ -148,21 +148,22 @@ class Kernel(Protocol):
         """The user ID of account ``name`` on this machine (or tree), None when there is none."""
         ...
 
-    # -- systemd (gputuned/kernel/systemd.py) ------------------------------------------------
+    # -- systemd (PID 1: gputuned/kernel/systemd.py, gputuned/kernel/units.py) --------------
 
     @property
     def systemd(self) -> bool:
-        """systemd is PID 1 here (sd_booted(3)) and owns its units' cgroups."""
+        """systemd is PID 1 here (sd_booted(3)): it owns its units' cgroups."""
         ...
 
     def unit_property(self, unit: str, name: str) -> str | None:
-        """A unit's property as systemd shows it (``systemctl show -p NAME --value``); None
-        when no such unit is loaded."""
+        """A unit's property as systemd holds it now: AllowedCPUs as ``systemctl show`` prints
+        it; CPUQuota and CPUWeight in the form an assignment takes ("" for the default:
+        :mod:`gputuned.kernel.units`). None when no such unit is loaded."""
         ...
 
     def set_unit_property(self, unit: str, name: str, value: str) -> None:
-        """``systemctl set-property --runtime UNIT NAME=VALUE``; TargetGone when no such unit
-        is loaded."""
+        """``systemctl set-property --runtime UNIT NAME=VALUE``: systemd writes the cgroup;
+        TargetGone when no such unit is loaded."""
         ...
 
     # -- mounts ---------------------------------------------------------------------------

@@ -166,6 +166,8 @@ def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
         for k in _BOOT_SET_KEYS:
             if getattr(p.bootargs, k) is not None:
                 refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
+    if p.neighbours and isinstance(p.neighbours.cap_cpus, str):
+        refs.append(("neighbours.cap_cpus", p.neighbours.cap_cpus, False))
     return [r for r in refs if not (r[2] and r[1] == "keep")]
 
 

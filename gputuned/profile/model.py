@@ -34,6 +34,7 @@ from gputuned.profile.cpusets import CpuSetSpec
 from gputuned.tuners.bootargs import Config as BootargsConfig
 from gputuned.tuners.cpuset import Config as CpusetConfig
 from gputuned.tuners.irq import Config as IrqConfig
+from gputuned.tuners.neighbours import Config as NeighboursConfig
 from gputuned.tuners.pcie_aspm import Config as PcieAspmConfig
 from gputuned.tuners.pcie_payload import Config as PciePayloadConfig
 from gputuned.tuners.process import Config as ProcessConfig
@@ -64,6 +65,9 @@ class Profile(BaseModel):
         default=(), description="Process rules, one [[process]] table each."
     )
     bootargs: BootargsConfig | None = Field(default=None, description="Kernel boot arguments.")
+    neighbours: NeighboursConfig | None = Field(
+        default=None, description="CPU weight and cap of everything that is not the server."
+    )
     daemon: DaemonConfig = Field(
         default_factory=DaemonConfig, description="How the gputuned service keeps the profile."
     )

@@ -17,10 +17,11 @@ from gputuned.profile import model as profile_model
 from gputuned.profile.cpusets import CpuSetSpec
 from gputuned.profile.messages import is_model, unwrap
 from gputuned.profile.model import Profile
-from gputuned.tuners import bootargs, cpuset, irq, pcie_aspm, pcie_payload, process
+from gputuned.tuners import bootargs, cpuset, irq, neighbours, pcie_aspm, pcie_payload, process
 from gputuned.tuners.bootargs import Config as BootargsConfig
 from gputuned.tuners.cpuset import Config as CpusetConfig
 from gputuned.tuners.irq import Config as IrqConfig
+from gputuned.tuners.neighbours import Config as NeighboursConfig
 from gputuned.tuners.pcie_aspm import Config as PcieAspmConfig
 from gputuned.tuners.pcie_payload import Config as PciePayloadConfig
 from gputuned.tuners.process import Config as ProcessConfig
@@ -64,6 +65,7 @@ _SECTIONS: tuple[tuple[str, type[BaseModel], types.ModuleType | None], ...] = (
     ("[cpuset]", CpusetConfig, cpuset),
     ("[[process]]", ProcessConfig, process),
     ("[bootargs]", BootargsConfig, bootargs),
+    ("[neighbours]", NeighboursConfig, neighbours),
     ("[daemon]", DaemonConfig, daemon_config),
 )
 
@@ -127,6 +129,10 @@ def _type_text(annotation: Any) -> str:
         return "table of tables"
     if is_model(annotation):
         return "table"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(
+            _type_text(a) for a in typing.get_args(annotation) if a is not type(None)
+        )
     # A float key takes an integer too (pydantic's lax mode): "number", as a profile writes it.
     kinds = {int: "integer", float: "number", bool: "boolean", str: "string"}
     return kinds.get(annotation, str(annotation))

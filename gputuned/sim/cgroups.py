@@ -6,7 +6,8 @@
 - ``cgroup.procs``: a process moves, with every one of its threads.
 
 The cgroups are those under the tree's cgroup2 mounts (its ``/proc/mounts``). Not modelled:
-interface files of controllers other than cpuset, and cgroup events.
+interface files of controllers other than cpuset and cpu (``cpu.weight`` and ``cpu.max``
+only), and cgroup events.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def mkdir(tf: TreeFiles, hpath: str) -> None:
     tf.put(f"{hpath}/cgroup.procs", "", create=True)
     tf.put(f"{hpath}/cgroup.subtree_control", "", create=True)
     tf.put(f"{hpath}/cgroup.type", "domain\n", create=True)
+    if "cpu" in sub:
+        _add_cpu_files(tf, hpath)
     if "cpuset" in sub:
         _add_cpuset_files(tf, hpath, parent, exclusive=exclusive)
         cpusets.recompute(tf, mount)
@@ -97,6 +100,44 @@ def _add_cpuset_files(tf: TreeFiles, cg: str, parent: str, *, exclusive: bool) -
             tf.put(f"{cg}/{name}", text, create=True)
 
 
+#: The cpu controller's files gputuned writes, with the kernel's defaults (kernel/sched/core.c).
+CPU_FILES = {"cpu.weight": "100\n", "cpu.max": "max 100000\n"}
+
+
+def _add_cpu_files(tf: TreeFiles, cg: str) -> None:
+    for name, text in CPU_FILES.items():
+        if not tf.real(f"{cg}/{name}").exists():
+            tf.put(f"{cg}/{name}", text, create=True)
+
+
+def write_cpu_weight(tf: TreeFiles, _mount: str, cg: str, text: str) -> None:
+    """cpu_weight_write_u64(): 1..10000 (CGROUP_WEIGHT_MIN..MAX), else ERANGE."""
+    try:
+        weight = int(text.strip())
+    except ValueError as exc:
+        raise fail(E.EINVAL, "write a number from 1 to 10000") from exc
+    if not 1 <= weight <= 10000:
+        raise fail(E.ERANGE)
+    tf.put(f"{cg}/cpu.weight", f"{weight}\n")
+
+
+def write_cpu_max(tf: TreeFiles, _mount: str, cg: str, text: str) -> None:
+    """cpu_max_write() / cpu_period_quota_parse(): "max" or a quota in µs, then optionally the
+    period (1 ms to 1 s); a quota under 1 ms is EINVAL. Printed as "QUOTA PERIOD"."""
+    words = text.split()
+    old = (tf.get(f"{cg}/cpu.max") or "max 100000").split()
+    if not 1 <= len(words) <= 2:
+        raise fail(E.EINVAL, "write 'max' or a quota in microseconds, then the period")
+    try:
+        period = int(words[1]) if len(words) == 2 else int(old[1])
+        quota = None if words[0] == "max" else int(words[0])
+    except ValueError as exc:
+        raise fail(E.EINVAL) from exc
+    if not 1000 <= period <= 1_000_000 or (quota is not None and quota < 1000):
+        raise fail(E.EINVAL)
+    tf.put(f"{cg}/cpu.max", f"{'max' if quota is None else quota} {period}\n")
+
+
 def write_subtree_control(tf: TreeFiles, mount: str, cg: str, text: str) -> None:
     """cgroup_subtree_control_write(): "+name" / "-name" tokens, printed in kernel order."""
     enable: set[str] = set()
@@ -125,6 +166,11 @@ def write_subtree_control(tf: TreeFiles, mount: str, cg: str, text: str) -> None
     exclusive = tf.has_exclusive(mount)
     for kid in kids:
         tf.put(f"{kid}/cgroup.controllers", format_controllers(new))
+        if "cpu" in enable:
+            _add_cpu_files(tf, kid)
+        if "cpu" in disable:
+            for name in CPU_FILES:
+                tf.real(f"{kid}/{name}").unlink(missing_ok=True)
         if "cpuset" in enable:
             _add_cpuset_files(tf, kid, cg, exclusive=exclusive)
         if "cpuset" in disable:

@@ -85,6 +85,8 @@ class TreeModel(TreeFiles):
             "cpuset.cpus": cpusets.write_cpus,
             "cpuset.cpus.exclusive": cpusets.write_exclusive,
             "cpuset.cpus.partition": cpusets.write_partition,
+            "cpu.weight": cgroups.write_cpu_weight,
+            "cpu.max": cgroups.write_cpu_max,
         }
         h = cgroup_handlers.get(name)
         return None if h is None else (lambda _hp, text: h(self, mount, cg, text))

@@ -27,9 +27,9 @@ from gputuned.kernel import mounts
 from gputuned.kernel.base import KernelBase, translating
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.port import TREE_META
-from gputuned.kernel.systemd import dropin
+from gputuned.kernel.systemd import ALLOWED_CPUS, dropin
 from gputuned.kernel.tasks import where
-from gputuned.sim import tasks, units
+from gputuned.sim import tasks, unitcpu, units
 from gputuned.sim.model import TreeModel
 
 _ERRNO_NAMES = {name: getattr(E, name) for name in dir(E) if name.startswith("E")}
@@ -115,15 +115,23 @@ class SimKernel(KernelBase):
                 return int(fields[2])
         return None
 
-    # -- systemd (a tree with /run/systemd/system: gputuned/sim/units.py) ---------------------
+    # -- systemd's units (a tree with /run/systemd/system): AllowedCPUs in sim/units.py,
+    # CPUQuota and CPUWeight in sim/unitcpu.py ---------------------------------------------
 
     def unit_property(self, unit: str, name: str) -> str | None:
-        return units.show(self.model, unit, name)
+        if name == ALLOWED_CPUS:
+            return units.show(self.model, unit, name)
+        with translating("read", unit):
+            return unitcpu.read(self.model, unit, name)
 
     def set_unit_property(self, unit: str, name: str, value: str) -> None:
         self._refuse_recorded(f"{unit}:{name}")
-        with translating("set-property", dropin(unit, name)):
-            units.set_property(self.model, unit, name, value)
+        if name == ALLOWED_CPUS:
+            with translating("set-property", dropin(unit, name)):
+                units.set_property(self.model, unit, name, value)
+            return
+        with translating("set-property", unit):
+            unitcpu.write(self.model, unit, name, value, self.write_text)
 
     # -- mounts ---------------------------------------------------------------------------
 

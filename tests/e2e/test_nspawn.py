@@ -326,6 +326,31 @@ def test_oneshot_apply(world: World) -> None:
     world.passed.add("apply")
 
 
+UNIT_PROPERTIES = """
+from gputuned.kernel.live import LiveKernel
+k = LiveKernel()
+print(k.systemd)
+for prop, value in (("CPUQuota", "150%"), ("CPUWeight", "50")):
+    before = k.unit_property("user.slice", prop)
+    k.set_unit_property("user.slice", prop, value)
+    print(prop, repr(before), repr(k.unit_property("user.slice", prop)), end=" ")
+    k.set_unit_property("user.slice", prop, before or "")
+    print(repr(k.unit_property("user.slice", prop)))
+"""
+
+
+def test_unit_properties_round_trip(world: World) -> None:
+    """[neighbours] under systemd: the kernel port's set-property --runtime and its reading of
+    `systemctl show` (CPUQuotaPerSecUSec, CPUWeight) against a real PID 1."""
+    world.need("install-system")
+    with checking("systemctl set-property --runtime user.slice CPUQuota/CPUWeight, back") as c:
+        out = world.ct.run(f"{VENV}/bin/python", "-c", UNIT_PROPERTIES).out.split("\n")
+        assert out[0] == "True", out
+        assert out[1] == "CPUQuota '' '150%' ''", out
+        assert out[2] == "CPUWeight '' '50' ''", out
+        c.detail = "; ".join(out[1:3])
+
+
 def test_daemon_start(world: World) -> None:
     world.need("apply")
     ct = world.ct

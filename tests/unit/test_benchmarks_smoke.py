@@ -232,3 +232,43 @@ def test_benchmark_profiles_load(path: Path) -> None:
     from gputuned.profile.load import load_profile
 
     assert load_profile(path).process, path
+
+
+def test_neighbours_curve_from_a_run_summary(tmp_path: Path) -> None:
+    """benchmarks/neighbours_curve.py: one row per cap, sorted, loss against the bound."""
+
+    def s(m: float) -> dict[str, float]:
+        return {"median": m, "min": m - 0.01, "max": m + 0.01, "n": 3}
+
+    cond = {"tok_s_x": s(0.9), "p99_x": s(1.1), "server_gain": s(0.5)}
+    summary = {
+        "heavy": {
+            "noisy": {"tok_s_x": s(0.5), "p99_x": s(2.0)},
+            "tuned:shared-host": {**cond, "neighbour_loss_cpu": s(0.45)},
+            "tuned:shared-host-cap2": {**cond, "neighbour_loss_cpu": s(0.8)},
+            "tuned:shared-host-cap12": {**cond, "neighbour_loss_cpu": s(0.3)},
+        }
+    }
+    result = tmp_path / "noisy_neighbor.json"
+    result.write_text(json.dumps({"summary": summary}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/neighbours_curve.py"),
+            str(result),
+            "--json",
+            "--reserved",
+            "8",
+            "--cpus",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    curve = json.loads(out.stdout)["curve"]
+    assert [(r["cap_cpus"], r["bound_kept"]) for r in curve] == [
+        ("2", False),
+        ("12", True),
+        ("none", True),
+    ]

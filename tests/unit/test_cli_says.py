@@ -29,11 +29,13 @@ def root(tmp_path: Path) -> Path:
 
 
 def quiet_irq_profile(tmp_path: Path) -> Path:
-    """shared-host with [irq] report_only = true, as one file."""
+    """shared-host with [irq] report_only = true and no [neighbours] (report only too), as one
+    file."""
     data = load_profile(PROFILES / "shared-host.toml").model_dump(
         mode="json", by_alias=True, exclude_none=True
     )
     data["irq"]["report_only"] = True
+    data.pop("neighbours", None)
     path = tmp_path / "quiet-irq.toml"
     path.write_text(to_toml(data))
     return path

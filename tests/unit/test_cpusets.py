@@ -122,9 +122,22 @@ def test_shipped_profiles_give_every_gpu_its_own_whole_cores_on_its_node(
 def test_shipped_profiles_on_the_16_cpu_gpu_host_are_what_was_measured() -> None:
     # One GPU, no SMT: the sets the H200 measurements were made with (docs/dev/benchmarks.md).
     expected = {
-        "shared-host": {"housekeeping": cpus("0"), "inference": cpus("1-8")},
-        "dedicated-inference": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
-        "latency-critical": {"housekeeping": cpus("0-1"), "inference": cpus("2-15")},
+        "shared-host": {
+            "housekeeping": cpus("0"),
+            "inference": cpus("1-8"),
+            "others": cpus("0,9-15"),  # what [neighbours] may cap to (report only)
+        },
+        # Both include shared-host: its "others" set is what is not theirs here.
+        "dedicated-inference": {
+            "housekeeping": cpus("0-1"),
+            "inference": cpus("2-15"),
+            "others": cpus("0-1"),
+        },
+        "latency-critical": {
+            "housekeeping": cpus("0-1"),
+            "inference": cpus("2-15"),
+            "others": cpus("0-1"),
+        },
     }
     for name in SHIPPED:
         r = resolve_cpusets(shipped(name), HOST16)
@@ -196,7 +209,7 @@ def test_two_gpus_on_one_node() -> None:
 def test_shared_host_on_two_cpus_without_gpu_falls_back_and_says_so() -> None:
     r = resolve_cpusets(shipped("shared-host"), HOST2)
     assert r == ResolvedCpus(
-        sets={"housekeeping": cpus("0"), "inference": cpus("1")},
+        sets={"housekeeping": cpus("0"), "inference": cpus("1"), "others": cpus("0")},
         per_gpu={"inference": {}},
         per_node={"housekeeping": {0: cpus("0")}},
         notes=[

@@ -157,7 +157,7 @@ def test_plan_writes_nothing_on_any_tree(tree: str, profile: str, tmp_path: Path
 
 def test_plan_h200_shared_host() -> None:
     result = _plan("h200-captured", "shared-host.toml")
-    assert result.sets == {"housekeeping": "0", "inference": "1-8"}
+    assert result.sets == {"housekeeping": "0", "inference": "1-8", "others": "0,9-15"}
     got = {(c.tuner, c.target): (c.current, c.wanted) for c in result.changes}
     gpu_irqs = {k: v for k, v in got.items() if k[1].endswith("(nvidia)")}
     assert gpu_irqs == {
@@ -182,7 +182,7 @@ def test_plan_ci_vm_without_gpu_plans_cpu_and_irq_work() -> None:
         "no GPU found on this host: PCIe tuning has nothing to do; CPU and IRQ work is still planned"
         in result.notes
     )
-    assert result.sets == {"housekeeping": "0", "inference": "1"}
+    assert result.sets == {"housekeeping": "0", "inference": "1", "others": "0"}
     assert any(c.tuner == "irq" for c in result.changes)
     (cpuset,) = [r for r in result.refused if r.tuner == "cpuset"]
     assert (

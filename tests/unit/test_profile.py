@@ -81,7 +81,7 @@ def test_unknown_top_level_key_and_missing_name_are_both_reported(tmp_path: Path
         (
             "nmae",
             "unknown key 'nmae'; allowed keys here: name, description, include, cpusets, "
-            "pcie_aspm, pcie_payload, irq, cpuset, process, bootargs, daemon",
+            "pcie_aspm, pcie_payload, irq, cpuset, process, bootargs, neighbours, daemon",
         ),
     ]
 
@@ -770,6 +770,7 @@ def test_schema_is_json_with_every_table() -> None:
         "cpuset",
         "process",
         "bootargs",
+        "neighbours",
         "daemon",
     ]
     assert sorted(schema["$defs"]) == [
@@ -780,6 +781,7 @@ def test_schema_is_json_with_every_table() -> None:
         "Exclude",
         "IrqConfig",
         "Match",
+        "NeighboursConfig",
         "PcieAspmConfig",
         "PciePayloadConfig",
         "ProcessConfig",

@@ -21,6 +21,8 @@ PKG = Path(__file__).resolve().parents[2] / "gputuned"
 #: Every kind of setting the journal holds, one class each in gputuned/settings/.
 KINDS = {
     "sysfs",
+    "cgroup_cpu",
+    "unit_cpu",
     "pcie",
     "cgroup",
     "controller",

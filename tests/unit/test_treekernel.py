@@ -236,6 +236,8 @@ def test_mkdir_makes_what_the_kernel_makes_and_rmdir_removes_it(tmp_path: Path) 
         "cgroup.procs": "",
         "cgroup.subtree_control": "",
         "cgroup.type": "domain\n",
+        "cpu.max": "max 100000\n",  # the root enables cpu for its children too
+        "cpu.weight": "100\n",
         "cpuset.cpus": "\n",
         "cpuset.cpus.effective": "0-15\n",
         "cpuset.cpus.partition": "member\n",

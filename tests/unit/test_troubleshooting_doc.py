@@ -34,6 +34,7 @@ _REASON_FUNCTIONS = (
     "unusable",
     "why_not_in_place",
     "in_place_note",
+    "why_no_cpu",
 )
 
 #: Reasons that come from outside the call's function: (file, source text) -> where the text
@@ -59,6 +60,10 @@ DYNAMIC: dict[tuple[str, str], str] = {
         "gputuned/kernel/pci.py",
         "self.config.unreadable[0][1]",
     ): "pciconfig._state(), quoted in the page",
+    (
+        "gputuned/tuners/neighbours.py",
+        "why_no_cpu(layout.mode)",
+    ): "why_no_cpu's returns, checked here (_REASON_FUNCTIONS)",
 }
 
 
