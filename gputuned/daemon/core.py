@@ -12,6 +12,7 @@ from gputuned import errors
 from gputuned.daemon.access import metrics_allowed
 from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.daemon.control import ControlHandlers, _pid
+from gputuned.daemon.inplace import replan_if_moved
 from gputuned.engine.apply import forget_process, revert_all
 from gputuned.engine.journal import Journal
 from gputuned.kernel.live import set_own_realtime
@@ -227,7 +228,7 @@ class Daemon(ControlHandlers):
                 self.journal.drop_many(ended)
                 self.journal.compact_if_grown()
         if len(self.claims) < forgot:
-            self._in_place_moved()  # the last of a unit's server processes ended
+            replan_if_moved(self)  # the last of a unit's server processes ended
         if new:
             for pid in new:
                 self._threads.pop(pid, None)  # placed whole now

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
+from gputuned.daemon.inplace import replan_if_moved
 from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
 from gputuned.engine.apply import (
     ApplyReport,
@@ -283,7 +284,7 @@ class Keeper:
         self.claims.update(claims)
         if threads is None:
             self._warn_binding(pids)
-        if claims and self._in_place_moved():
+        if claims and replan_if_moved(self):  # daemon/inplace.py
             return
         if not settings:
             return
@@ -303,30 +304,6 @@ class Keeper:
                 len(report.written),
                 (time.perf_counter() - t0) * 1e3,
             )
-
-    def _in_place_moved(self) -> bool:
-        """Has the server's own cgroup, as the partition made in place, changed since the last
-        full plan (a unit started, stopped or restarted: tuners/inplace.py)? Then apply in
-        full, and say so: the placeholder lets its CPUs go to the unit's cgroup, or takes back
-        what a stopped unit's cgroup gave back."""
-        ctx = self.ctx
-        if ctx is None or self._replanning or not inplace.applies(ctx):
-            return False
-        have = inplace.decision(ctx).place
-        want = inplace.decide(ctx, self.claims).place
-        if want == have and not (have is not None and inplace.lost(ctx, have)):
-            return False
-        log.info(
-            "daemon: the partition in place moves: %s -> %s",
-            have.cgroup if have else "gputuned's own cgroup",
-            want.cgroup if want else "gputuned's own cgroup",
-        )
-        self._replanning = True
-        try:
-            self._reapply("partition in place")
-        finally:
-            self._replanning = False
-        return True
 
     def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
         """A placement's settings join those the drift check re-reads, replacing the same

@@ -1,0 +1,39 @@
+"""The daemon's side of a partition made in place (tuners/inplace.py): when the server's own
+cgroup changes (a unit started, stopped or restarted), the profile is applied in full again."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from gputuned.tuners import inplace
+
+if TYPE_CHECKING:
+    from gputuned.daemon.keeper import Keeper
+
+log = logging.getLogger("gputuned")
+
+
+def replan_if_moved(k: Keeper) -> bool:
+    """Has the server's own cgroup, as the partition made in place, changed since the last
+    full plan (a unit started, stopped or restarted: tuners/inplace.py)? Then apply in
+    full, and say so: the placeholder lets its CPUs go to the unit's cgroup, or takes back
+    what a stopped unit's cgroup gave back."""
+    ctx = k.ctx
+    if ctx is None or k._replanning or not inplace.applies(ctx):
+        return False
+    have = inplace.decision(ctx).place
+    want = inplace.decide(ctx, k.claims).place
+    if want == have and not (have is not None and inplace.lost(ctx, have)):
+        return False
+    log.info(
+        "daemon: the partition in place moves: %s -> %s",
+        have.cgroup if have else "gputuned's own cgroup",
+        want.cgroup if want else "gputuned's own cgroup",
+    )
+    k._replanning = True
+    try:
+        k._reapply("partition in place")
+    finally:
+        k._replanning = False
+    return True
