@@ -209,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(argv)
     finally:
+        # What is still buffered goes out through the guard, also after --help (SystemExit):
+        # flushed later, at the interpreter's exit, a reader gone would make it status 120.
+        sys.stdout.flush()
         sys.stdout = previous
 
 

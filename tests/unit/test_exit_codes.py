@@ -37,9 +37,19 @@ def gputunectl(*args: str, closed_stdout: bool = False) -> subprocess.CompletedP
         )
     r, w = os.pipe()
     os.close(r)  # no reader from the start: every write to w fails
+    # stdout buffered as a user's shell has it: with PYTHONUNBUFFERED (set on some CI and
+    # developer machines) nothing is left in the buffer for the exit's flush to fail on.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     try:
         proc = subprocess.run(
-            cmd, check=False, stdout=w, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120
+            cmd,
+            check=False,
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            env=env,
         )
     finally:
         os.close(w)
