@@ -204,7 +204,15 @@ def apply_profile(
         managed = managed_op_keys(plan.settings)
         # A partition made in place that this plan no longer keeps (its unit stopped) gives
         # its CPUs back first: the partition this plan makes needs them (tuners/inplace.py).
+        given_back = len(report.restored)
         _restore_leftovers(kernel, journal, managed, report, borrowed=True)
+        if len(report.restored) > given_back:
+            # systemd realizes the unit's parents when its AllowedCPUs= goes, and may take
+            # the cpuset controller from them (the root's too): plan again on what is there.
+            plan = plan_profile(
+                kernel, profile, registered=registered, journal=journal, self_bound=self_bound
+            )
+            managed = managed_op_keys(plan.settings)
         try:
             apply_settings(kernel, journal, plan.settings, report, keep_going=keep_going)
         except ApplyError as exc:

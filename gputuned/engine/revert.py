@@ -195,6 +195,10 @@ def _restore(kernel: Kernel, op: Op, old: str, notes: list[str]) -> str | None:
     kind = setting(op.kind)
     journaled = old
     try:
+        gone = kind.gone(kernel, op)
+        if gone is not None:
+            notes.append(f"{op.target}: not restored: {gone}")
+            return None
         check, old = kind.restoring(kernel, op, old)
         if kind.holds_already(kernel, check, old):
             return None  # already the original (the write never happened, or was undone)

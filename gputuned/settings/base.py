@@ -151,6 +151,11 @@ class Setting:
         put it back otherwise)."""
         return op, old
 
+    def gone(self, kernel: Kernel, op: Op) -> str | None:
+        """Revert: has what held ``op``'s value gone with its owner (a removed cgroup takes
+        its files along), so that there is nothing to put back? Then why, else None."""
+        return None
+
     def original(self, kernel: Kernel, op: Op) -> str:
         """What to journal before the first write: the value now (:meth:`read`)."""
         return self.read(kernel, op)

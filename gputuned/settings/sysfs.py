@@ -38,6 +38,7 @@ _FILES = re.compile(
         )
     )
 )
+CPUSET_FILE = re.compile(rf"{CGROUP}/cpuset\.cpus(\.exclusive|\.partition)?")
 
 
 def writable_form(compare: str, raw: str) -> str:
@@ -79,6 +80,20 @@ class SysfsAttribute(Setting):
         if op.compare == "partition" and "invalid" in raw:
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
+
+    def gone(self, kernel: Kernel, op: Op) -> str | None:
+        """A cpuset file of a cgroup that was removed, or whose parent no longer enables
+        cpuset for it: its value went with it, and the kernel starts from its defaults when
+        either comes back."""
+        if not CPUSET_FILE.fullmatch(op.path):
+            return None
+        folder = op.path.rsplit("/", 1)[0]
+        if not kernel.is_dir(folder):
+            return f"its cgroup {folder} no longer exists (its values went with it)"
+        controllers = kernel.read_optional(f"{folder}/cgroup.controllers")
+        if controllers is not None and "cpuset" not in controllers.split():
+            return f"{folder} has no cpuset controller now (its parent disabled it)"
+        return None
 
     def restoring(self, kernel: Kernel, op: Op, old: str) -> tuple[Op, str]:
         """An IRQ that only had to stay inside a set gets back exactly its old CPUs."""

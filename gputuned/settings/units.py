@@ -16,14 +16,13 @@ from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.kernel.sysinstall import remove_dir_if_empty
 from gputuned.kernel.systemd import ALLOWED_CPUS, UNIT_NAME, dropin
 from gputuned.settings.base import Op, Setting
-from gputuned.settings.sysfs import CGROUP, SysfsAttribute
+from gputuned.settings.sysfs import CGROUP, CPUSET_FILE, SysfsAttribute
 from gputuned.store import state
 
 if TYPE_CHECKING:
     from gputuned.engine.changes import Change
     from gputuned.kernel import Kernel
 
-_CPUSET_FILE = re.compile(rf"{CGROUP}/cpuset\.cpus(\.exclusive|\.partition)?")
 _CPULIST = re.compile(r"[0-9,\-]{0,4000}")
 
 
@@ -36,7 +35,7 @@ class BorrowedCpuset(SysfsAttribute):
     )
 
     def refusal(self, op: Op, value: str) -> str | None:
-        if not _CPUSET_FILE.fullmatch(op.path) or op.path.startswith("/sys/fs/cgroup/cpuset."):
+        if not CPUSET_FILE.fullmatch(op.path) or op.path.startswith("/sys/fs/cgroup/cpuset."):
             return f"{op.path!r} is no cpuset file of a cgroup below the root"
         return None if len(value) <= 4096 else "a value too long for the file it names"
 
@@ -70,6 +69,14 @@ class UnitProperty(Setting):
     def write(self, kernel: Kernel, op: Op, value: str) -> None:
         cpus, _, dropin_state = value.partition("|")
         kernel.set_unit_property(op.data["unit"], op.data["property"], cpus)
+        # systemd realizes the unit's parents with the controllers its units need, writing
+        # "-cpuset" where none needs it now (the root too, in the QEMU lane's guest): the
+        # parents that had it before gputuned told systemd anything get it back, top down,
+        # or a partition there (gputuned's own placeholder, a neighbour's) would end with it.
+        for parent in op.data.get("cpuset_kept") or ():
+            ctl = f"{parent}/cgroup.subtree_control"
+            if "cpuset" not in (kernel.read_optional(ctl) or "").split():
+                kernel.write_text(ctl, "+cpuset")
         if dropin_state == "absent":  # systemd wrote it for us: the file and its folder go
             # (not system.control itself: gputuned.service mounts it writable, a mount point)
             state.remove(kernel, op.path)
@@ -87,6 +94,13 @@ class UnitProperty(Setting):
             return "not a unit's AllowedCPUs= that gputuned sets"
         if op.path != dropin(unit, prop):
             return f"{op.path!r} is not the runtime drop-in of {unit}"
+        kept = op.data.get("cpuset_kept", [])
+        if not (
+            isinstance(kept, list)
+            and len(kept) <= 64
+            and all(isinstance(p, str) and re.fullmatch(CGROUP, p) for p in kept)
+        ):
+            return "cpuset_kept is not a list of cgroup folders"
         cpus, bar, dropin_state = value.partition("|")
         if not (bar and _CPULIST.fullmatch(cpus) and dropin_state in ("present", "absent")):
             return f"{value[:80]!r} is not CPUS|present or CPUS|absent"

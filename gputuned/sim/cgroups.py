@@ -159,6 +159,7 @@ def write_subtree_control(tf: TreeFiles, mount: str, cg: str, text: str) -> None
             raise fail(E.EBUSY, f"{kid} still enables it for its own children")
     if enable and cg != mount and tf.procs(cg):
         raise fail(E.EBUSY, "the cgroup has processes (no internal processes rule)")
+    had_exclusive = "cpuset" in disable and tf.has_exclusive(mount)
     if "cpuset" in disable:  # the children's cpusets go: partitions end first
         cpusets.recompute(tf, mount, override=dict.fromkeys(kids, "member"))
     new = (cur | enable) - disable
@@ -177,6 +178,8 @@ def write_subtree_control(tf: TreeFiles, mount: str, cg: str, text: str) -> None
             for entry in os.scandir(tf.real(kid)):
                 if entry.name.startswith("cpuset.") and entry.is_file():
                     os.unlink(entry.path)
+    if had_exclusive and not tf.has_exclusive(mount):  # the last cgroup that showed it
+        tf.remember_exclusive()
     if "cpuset" in enable:
         cpusets.recompute(tf, mount)
 

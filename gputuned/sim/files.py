@@ -21,6 +21,8 @@ CPU_DIR = "/sys/devices/system/cpu"
 #: :func:`gputuned.sim.devices.irq_effective`) beside the tree; deleted as soon as nothing is
 #: remembered, so a reverted tree is identical.
 STATE_FILE = ".gputuned-kernel-state.json"
+#: The kernel has cpuset.cpus.exclusive though no cgroup shows it now (TreeFiles.has_exclusive).
+EXCLUSIVE_SEEN = "/run/gputuned-sim/cpuset-exclusive"
 
 
 def fail(code: int, reason: str | None = None) -> OSError:
@@ -143,5 +145,15 @@ class TreeFiles:
         return cgroup_path(self.get(f"/proc/{pid}/cgroup") or "")
 
     def has_exclusive(self, mount: str) -> bool:
-        """cpuset.cpus.exclusive exists from Linux 6.7: does any cgroup of this tree show it?"""
+        """cpuset.cpus.exclusive exists from Linux 6.7: does any cgroup of this tree show it,
+        or did one before cpuset was disabled everywhere (:meth:`remember_exclusive`)?"""
+        if self.real(EXCLUSIVE_SEEN).exists():
+            return True
         return any("cpuset.cpus.exclusive" in files for _d, _s, files in os.walk(self.real(mount)))
+
+    def remember_exclusive(self) -> None:
+        """The kernel has cpuset.cpus.exclusive even while no cgroup shows it (cpuset disabled
+        at the root): kept in the tree's run/ (outside what tests compare)."""
+        marker = self.real(EXCLUSIVE_SEEN)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()

@@ -6,8 +6,8 @@ under /run/systemd/system.control, and while the unit has a cgroup it enables th
 controller from the top down to the unit's parent (cgroup.subtree_control) and writes the
 unit's ``cpuset.cpus``. Simplified: no unit files are read (a property is what the drop-in
 says, else empty), a ``.service`` is always loaded, a ``.scope`` only while its cgroup exists,
-and on a reset the cpuset controller goes from the parents (below the root) whose children
-no longer need it.
+and on a reset the cpuset controller goes from the parents (the root too) whose units no
+longer need it.
 """
 
 from __future__ import annotations
@@ -72,17 +72,29 @@ def set_property(tf: TreeFiles, unit: str, name: str, value: str) -> None:
                 cgroups.write_subtree_control(tf, mount, at, "+cpuset")
     cpusets.write_cpus(tf, mount, cg, shown)
     if not cpus:
-        # A slice's members that need cpuset no more: systemd realizes the slice with the
-        # controllers its members need (src/core/cgroup.c unit_get_members_mask()).
-        for at in reversed(parents[1:]):
-            needed = any(_needs_cpuset(tf, kid) for kid in tf.children(at))
-            if not needed and "cpuset" in (tf.get(f"{at}/cgroup.subtree_control") or "").split():
-                cgroups.write_subtree_control(tf, mount, at, "-cpuset")
+        realize_parents(tf, mount, parents)
+
+
+def realize_parents(tf: TreeFiles, mount: str, parents: list[str]) -> None:
+    """A slice's members that need cpuset no more: systemd realizes the slice with the
+    controllers its members need (src/core/cgroup.c unit_get_members_mask()), and cg_enable()
+    writes "-cpuset" for it. The root slice too: the cgroups below it that are no unit
+    (gputuned's own) are not systemd's and count for nothing, so their cpuset files go with
+    the controller (seen in the QEMU lane's guest, systemd 257)."""
+    for at in reversed(parents):
+        needed = any(_needs_cpuset(tf, kid) for kid in tf.children(at) if _unit_like(kid))
+        if not needed and "cpuset" in (tf.get(f"{at}/cgroup.subtree_control") or "").split():
+            cgroups.write_subtree_control(tf, mount, at, "-cpuset")
 
 
 def _parents(mount: str, cg: str) -> list[str]:
     parts = cg[len(mount) :].strip("/").split("/")
     return [mount] + [f"{mount}/{'/'.join(parts[:i])}" for i in range(1, len(parts))]
+
+
+def _unit_like(cg: str) -> bool:
+    """A cgroup systemd made for a unit (a slice, service or scope)."""
+    return cg.rsplit("/", 1)[-1].endswith((".slice", ".service", ".scope"))
 
 
 def _needs_cpuset(tf: TreeFiles, cg: str) -> bool:

@@ -261,6 +261,14 @@ class CpusetTuner:
         else:  # the server's own cgroup is the partition (tuners/inplace.py)
             self._plan_in_place(ctx, cfg, here.place, cpus, layout.v2_mount, out)
             ours.add(here.place.cgroup.lstrip("/"))
+        # A unit's cgroup gputuned made the partition in place is its own to give back
+        # (apply does that first): its processes may have ended before systemd removed it.
+        ours |= {
+            p.cgroup
+            for p in valid_partitions(ctx.kernel, layout.v2_mount)
+            if ctx.original(f"borrowed_cpuset:{layout.v2_mount}/{p.cgroup}/cpuset.cpus.partition")
+            is not None
+        }
         held = _held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
         if held:
             out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))

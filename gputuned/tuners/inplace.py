@@ -244,6 +244,13 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
         path = dropin(place.unit, ALLOWED_CPUS)
         there = "present" if kernel.exists(path) else "absent"
         shown = format_cpulist(parse_cpulist(have)) if have else ""
+        # When AllowedCPUs= goes again, systemd realizes the unit's parents with what their
+        # units need, and writes "-cpuset" where none needs it: the root's too, so gputuned's
+        # own placeholder and any cgroup that is no unit (a neighbour's partition, a
+        # runtime's) would lose it. A root that enables cpuset now gets it back then
+        # (settings/units.py); a slice keeps it where one of its units needs it.
+        root_sub = (kernel.read_optional(f"{mount}/cgroup.subtree_control") or "").split()
+        kept = [mount] if "cpuset" in root_sub else []
         out.changes.append(
             Change(
                 "cpuset",
@@ -254,7 +261,7 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
                 path,
                 ro,
                 kind="unit_property",
-                data={"unit": place.unit, "property": ALLOWED_CPUS},
+                data={"unit": place.unit, "property": ALLOWED_CPUS, "cpuset_kept": kept},
                 in_sync=parse_cpulist(shown) == cpus and there == "present",
             )
         )

@@ -173,3 +173,40 @@ def test_partition_writes_exclusive_first_and_revert_in_reverse(tmp_path: Path) 
         "rmdir",
     ]
     assert digest(root) == before
+
+
+def test_revert_of_a_removed_cgroups_files_counts_them_done(tmp_path: Path) -> None:
+    """A cgroup of gputuned's that is gone (removed while its cpuset files were still
+    journaled: the QEMU lane's in-place phase left such a journal) takes its values with it:
+    revert says so and ends clean instead of failing on ENOENT and keeping the entries."""
+    root = tree_copy("h200-captured", tmp_path)
+    apply_profile(tree_kernel(root), full_profile())
+    group = root / CG.lstrip("/") / "gputuned.inference"
+    assert (group / "cpuset.cpus.partition").read_text().strip() == "isolated"
+    for f in group.iterdir():
+        f.unlink()
+    group.rmdir()
+
+    rep = revert_all(tree_kernel(root))
+    assert rep.failed == []
+    gone = [n for n in rep.notes if "gputuned.inference no longer exists" in n]
+    assert len(gone) == 3, rep.notes  # cpuset.cpus, .exclusive and .partition
+    assert not (root / JOURNAL.lstrip("/")).exists()  # nothing left for a later apply
+    assert not group.exists()
+
+
+def test_revert_when_the_root_no_longer_enables_cpuset_counts_the_files_done(
+    tmp_path: Path,
+) -> None:
+    """systemd writes "-cpuset" at the root when no unit needs it any more (the QEMU lane's
+    guest, after a unit's AllowedCPUs= went): the partition's cpuset files go with it."""
+    root = tree_copy("h200-captured", tmp_path)
+    apply_profile(tree_kernel(root), full_profile())
+    tree_kernel(root).write_text(f"{CG}/cgroup.subtree_control", "-cpuset")
+    assert not (root / CG.lstrip("/") / "gputuned.inference/cpuset.cpus").exists()
+
+    rep = revert_all(tree_kernel(root))
+    assert rep.failed == []
+    said = [n for n in rep.notes if "has no cpuset controller now" in n]
+    assert len(said) == 3, rep.notes
+    assert not (root / CG.lstrip("/") / "gputuned.inference").exists()

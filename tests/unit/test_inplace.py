@@ -237,3 +237,34 @@ def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(tmp_path
     assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
     assert cgroups_of(root) == {UNIT}
     assert d.stop() == 0
+
+
+def test_the_unit_ends_while_systemd_has_cpuset_at_the_root_only_for_it(tmp_path: Path) -> None:
+    """The QEMU lane's guest: the root enabled cpuset only for the unit (systemd did, for its
+    AllowedCPUs=). Its processes end before systemd removes its cgroup; giving AllowedCPUs=
+    back makes systemd take cpuset from the root, and with it the placeholder's cpuset files.
+    The apply plans again after that hand-back, so the placeholder is made a partition at once
+    (it failed on ENOENT and waited for a drift repair); the daemon's stop then ends clean."""
+    root = host(tmp_path)
+    (root / CG / "cpuset.cpus.isolated").write_text("\n")  # Linux 6.7+ (not captured)
+    tree_kernel(root).write_text(f"/{CG}/cgroup.subtree_control", "-cpuset")
+    tree_kernel(root).mkdir(f"/{CG}/system.slice")  # systemd's, there before any unit
+    before = digest(root)
+    vllm_tree(root, cgroup=UNIT)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    assert read(root, UNIT, "cpuset.cpus.partition") == "root"
+    assert not (root / CG / "gputuned.inference").exists()
+
+    for pid in TREE:  # the processes end; the unit's cgroup is still there
+        remove_process(root, pid)
+    feed(d, *(ProcEvent("exit", p, p) for p in TREE))
+    assert "cpuset" in read(root, "", "cgroup.subtree_control").split()
+    assert read(root, "/gputuned.inference", "cpuset.cpus.partition") == "root"
+    assert read(root, "/gputuned.inference", "cpuset.cpus.exclusive.effective") == "1-4"
+    assert "partition" not in d.status, d.status
+
+    tree_kernel(root).rmdir(f"/{CG}{UNIT}")  # systemd, once the unit is stopped
+    assert d.stop() == 0
+    assert not (root / "run/gputuned/journal.jsonl").exists()
+    assert digest(root) == before
