@@ -817,86 +817,6 @@ def test_process_tree(lane: Lane) -> None:
         )
 
 
-SELFBIND_UNIT = "gputuned-vm-selfbind.service"
-
-
-def test_self_binding(lane: Lane) -> None:
-    m = lane.need("process tree")
-    with lane.phase(
-        "self-binding process",
-        "a process in a unit vm-selfbind.toml matches puts its own CPUs back whenever they "
-        "differ: placed (CPUs 2-3, nice -5), reset, repaired, reset, then left alone (exactly 2 "
-        "resets); status --json lists it (respect), verify says 'left to the process' (exit 0), "
-        "one log line, nice kept; stop: nice 0, its own CPUs, journal empty, capture = before",
-    ) as ph:
-        for name in ("selfbind.py", "vm-selfbind.toml"):
-            m.put(f"{GUEST_DIR}/{name}", (HERE / "guest" / name).read_bytes())
-        sh(
-            m,
-            f"systemctl stop {UNIT}; mv -f /etc/gputuned/active.json "
-            f"{CAPTURES}/active.json.selfbind 2>/dev/null; rm -f /run/gputuned-vm-selfbind.*; "
-            f"systemd-run --unit={SELFBIND_UNIT} -p KillSignal=SIGKILL "
-            f"/usr/bin/python3 {GUEST_DIR}/selfbind.py",
-        )
-        try:
-            first = wait_for("selfbind.py up", lambda: probe(m)["selfbind"], timeout=60, every=1)
-            assert set(first["cpus"]) == {0, 1, 2, 3} and first["resets"] == 0, first
-            sh(
-                m,
-                f"rm -rf {CAPTURES}/selfbind-before && gputunectl capture --stable {CAPTURES}/selfbind-before",
-            )
-            sh(m, f"systemctl start {UNIT}")
-            t0 = time.monotonic()
-            _, resp = ctl_json(m, f"apply {GUEST_DIR}/vm-selfbind.toml")
-            assert not resp["failed"], resp["failed"]
-            pid = first["pid"]
-
-            def backed_off() -> Any:
-                _, st = ctl_json(m, "status")
-                return next((sb for sb in st.get("self_binding", []) if sb["pid"] == pid), None)
-
-            sb = wait_for("gputuned backs off", backed_off, timeout=60, every=1)
-            seen = time.monotonic() - t0
-            assert (sb["rule"], sb["mode"], sb["cpus"], sb["wanted"]) == (
-                "binder", "respect", "0-3", "2-3",
-            ), sb  # fmt: skip
-            time.sleep(6)  # three drift checks more: nothing fights it now
-            st = probe(m)["selfbind"]
-            assert st["resets"] == 2, f"placed, reset, repaired, reset, left alone: {st}"
-            for t in st["tasks"]:
-                assert t["nice"] == -5 and set(t["affinity"]) == {0, 1, 2, 3}, t
-            rc, rep = verify(m)
-            mine = [ln for ln in rep["settings"] if ln["status"] == "left to the process"]
-            assert rc == 0 and [ln["target"] for ln in mine] == [f"pid {pid} CPUs (rule binder)"], (
-                rc, bad_lines(rep),
-            )  # fmt: skip
-            log = sh(m, f"journalctl -b -u {UNIT} --no-pager -o cat").out
-            assert log.count(f"daemon: pid {pid} (rule binder) set its own CPUs back twice") == 1, (
-                log[-3000:]
-            )
-            sh(m, f"systemctl stop {UNIT}")
-            res = sh(m, f"systemctl show {UNIT} -p ExecMainStatus -p Result")
-            assert "ExecMainStatus=0" in res.out and "Result=success" in res.out, res.out
-            home = probe(m)
-            assert home["selfbind"]["resets"] == 2, home["selfbind"]
-            for t in home["selfbind"]["tasks"]:
-                assert t["nice"] == 0 and set(t["affinity"]) == {0, 1, 2, 3}, t
-                assert t["cgroup"] == f"/system.slice/{SELFBIND_UNIT}", t
-            assert not home["journal"]["entries"], home["journal"]
-            diff = _capture_diff(m, "selfbind-after", base="selfbind-before")
-            assert diff == "", f"after the stop the host differs from before the apply:\n{diff}"
-        finally:  # the next phases expect vm-host applied, as before
-            sh(
-                m,
-                f"systemctl stop {UNIT} {SELFBIND_UNIT}; mv -f {CAPTURES}/active.json.selfbind "
-                f"/etc/gputuned/active.json 2>/dev/null; systemctl start {UNIT}",
-            )
-        ph.detail = (
-            f"backed off {seen:.0f} s after the apply; 2 resets; verify exit 0 with one "
-            "'left to the process' line; stop = capture"
-        )
-
-
 # ---- unit keeps its processes (issue 17: the partition made in place) ---------------------------
 
 #: The tree's unit limits for the phase (a runtime drop-in): a placed child that takes more
@@ -1068,6 +988,86 @@ def os_alive(m: Machine, pid: int) -> bool:
     OOM-killed worker is, its engine never waiting for it) does not count."""
     res = sh(m, f"grep -s '^State:' /proc/{pid}/status", check=False)
     return res.rc == 0 and "zombie" not in res.out
+
+
+SELFBIND_UNIT = "gputuned-vm-selfbind.service"
+
+
+def test_self_binding(lane: Lane) -> None:
+    m = lane.need("process tree")
+    with lane.phase(
+        "self-binding process",
+        "a process in a unit vm-selfbind.toml matches puts its own CPUs back whenever they "
+        "differ: placed (CPUs 2-3, nice -5), reset, repaired, reset, then left alone (exactly 2 "
+        "resets); status --json lists it (respect), verify says 'left to the process' (exit 0), "
+        "one log line, nice kept; stop: nice 0, its own CPUs, journal empty, capture = before",
+    ) as ph:
+        for name in ("selfbind.py", "vm-selfbind.toml"):
+            m.put(f"{GUEST_DIR}/{name}", (HERE / "guest" / name).read_bytes())
+        sh(
+            m,
+            f"systemctl stop {UNIT}; mv -f /etc/gputuned/active.json "
+            f"{CAPTURES}/active.json.selfbind 2>/dev/null; rm -f /run/gputuned-vm-selfbind.*; "
+            f"systemd-run --unit={SELFBIND_UNIT} -p KillSignal=SIGKILL "
+            f"/usr/bin/python3 {GUEST_DIR}/selfbind.py",
+        )
+        try:
+            first = wait_for("selfbind.py up", lambda: probe(m)["selfbind"], timeout=60, every=1)
+            assert set(first["cpus"]) == {0, 1, 2, 3} and first["resets"] == 0, first
+            sh(
+                m,
+                f"rm -rf {CAPTURES}/selfbind-before && gputunectl capture --stable {CAPTURES}/selfbind-before",
+            )
+            sh(m, f"systemctl start {UNIT}")
+            t0 = time.monotonic()
+            _, resp = ctl_json(m, f"apply {GUEST_DIR}/vm-selfbind.toml")
+            assert not resp["failed"], resp["failed"]
+            pid = first["pid"]
+
+            def backed_off() -> Any:
+                _, st = ctl_json(m, "status")
+                return next((sb for sb in st.get("self_binding", []) if sb["pid"] == pid), None)
+
+            sb = wait_for("gputuned backs off", backed_off, timeout=60, every=1)
+            seen = time.monotonic() - t0
+            assert (sb["rule"], sb["mode"], sb["cpus"], sb["wanted"]) == (
+                "binder", "respect", "0-3", "2-3",
+            ), sb  # fmt: skip
+            time.sleep(6)  # three drift checks more: nothing fights it now
+            st = probe(m)["selfbind"]
+            assert st["resets"] == 2, f"placed, reset, repaired, reset, left alone: {st}"
+            for t in st["tasks"]:
+                assert t["nice"] == -5 and set(t["affinity"]) == {0, 1, 2, 3}, t
+            rc, rep = verify(m)
+            mine = [ln for ln in rep["settings"] if ln["status"] == "left to the process"]
+            assert rc == 0 and [ln["target"] for ln in mine] == [f"pid {pid} CPUs (rule binder)"], (
+                rc, bad_lines(rep),
+            )  # fmt: skip
+            log = sh(m, f"journalctl -b -u {UNIT} --no-pager -o cat").out
+            assert log.count(f"daemon: pid {pid} (rule binder) set its own CPUs back twice") == 1, (
+                log[-3000:]
+            )
+            sh(m, f"systemctl stop {UNIT}")
+            res = sh(m, f"systemctl show {UNIT} -p ExecMainStatus -p Result")
+            assert "ExecMainStatus=0" in res.out and "Result=success" in res.out, res.out
+            home = probe(m)
+            assert home["selfbind"]["resets"] == 2, home["selfbind"]
+            for t in home["selfbind"]["tasks"]:
+                assert t["nice"] == 0 and set(t["affinity"]) == {0, 1, 2, 3}, t
+                assert t["cgroup"] == f"/system.slice/{SELFBIND_UNIT}", t
+            assert not home["journal"]["entries"], home["journal"]
+            diff = _capture_diff(m, "selfbind-after", base="selfbind-before")
+            assert diff == "", f"after the stop the host differs from before the apply:\n{diff}"
+        finally:  # the next phases expect vm-host applied, as before
+            sh(
+                m,
+                f"systemctl stop {UNIT} {SELFBIND_UNIT}; mv -f {CAPTURES}/active.json.selfbind "
+                f"/etc/gputuned/active.json 2>/dev/null; systemctl start {UNIT}",
+            )
+        ph.detail = (
+            f"backed off {seen:.0f} s after the apply; 2 resets; verify exit 0 with one "
+            "'left to the process' line; stop = capture"
+        )
 
 
 def test_reboot_reapplies(lane: Lane) -> None:
