@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gputuned import errors
@@ -207,12 +207,7 @@ def apply_profile(
         given_back = len(report.restored)
         _restore_leftovers(kernel, journal, managed, report, borrowed=True)
         if len(report.restored) > given_back:
-            # systemd realizes the unit's parents when its AllowedCPUs= goes, and may take
-            # the cpuset controller from them (the root's too): plan again on what is there.
-            plan = plan_profile(
-                kernel, profile, registered=registered, journal=journal, self_bound=self_bound
-            )
-            managed = managed_op_keys(plan.settings)
+            _controllers_again(kernel, plan)
         try:
             apply_settings(kernel, journal, plan.settings, report, keep_going=keep_going)
         except ApplyError as exc:
@@ -223,6 +218,21 @@ def apply_profile(
         _record(kernel, profile, source, report, reload_path, plan.refused)
         report.seconds = time.monotonic() - t0
         return plan, report
+
+
+def _controllers_again(kernel: Kernel, plan: PlanResult) -> None:
+    """systemd realizes a unit's parents when its AllowedCPUs= goes, and writes "-cpuset"
+    where no unit needs it, the root's too: a controller the plan found enabled is written
+    again if it went. The rest of the plan stands (planning anew here, in the middle of a
+    unit's restart, saw its new cgroup half made and moved the server out of it)."""
+    for i, ch in enumerate(plan.settings):
+        if ch.kind == "controller" and ch.in_sync and not ch.report_only:
+            try:
+                held = all(_holds(kernel, op) for op in expand(ch))
+            except errors.GputunedError:
+                held = False
+            if not held:
+                plan.settings[i] = replace(ch, in_sync=False)
 
 
 def apply_settings(

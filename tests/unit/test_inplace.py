@@ -243,8 +243,9 @@ def test_the_unit_ends_while_systemd_has_cpuset_at_the_root_only_for_it(tmp_path
     """The QEMU lane's guest: the root enabled cpuset only for the unit (systemd did, for its
     AllowedCPUs=). Its processes end before systemd removes its cgroup; giving AllowedCPUs=
     back makes systemd take cpuset from the root, and with it the placeholder's cpuset files.
-    The apply plans again after that hand-back, so the placeholder is made a partition at once
-    (it failed on ENOENT and waited for a drift repair); the daemon's stop then ends clean."""
+    The apply enables cpuset at the root again after that hand-back, so the placeholder is made
+    a partition at once (it failed on ENOENT and waited for a drift repair); the daemon's stop
+    then ends clean."""
     root = host(tmp_path)
     (root / CG / "cpuset.cpus.isolated").write_text("\n")  # Linux 6.7+ (not captured)
     tree_kernel(root).write_text(f"/{CG}/cgroup.subtree_control", "-cpuset")
