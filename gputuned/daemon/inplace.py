@@ -37,3 +37,16 @@ def replan_if_moved(k: Keeper) -> bool:
     finally:
         k._replanning = False
     return True
+
+
+def say_decision(k: Keeper, notes: list[str]) -> None:
+    """Log the plan's line on the partition in place whenever it changes: why a server's
+    processes were moved out of their unit shows in the journal, with the process that was
+    in the way."""
+    said = next((n for n in notes if n.startswith(_SAID)), None)
+    if said is not None and said != k.inplace_said:
+        log.info("daemon: %s", said)
+    k.inplace_said = said
+
+
+_SAID = ("cpuset: partition in place: ", "cpuset: not partitioned in place: ")

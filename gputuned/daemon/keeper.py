@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
-from gputuned.daemon.inplace import replan_if_moved
+from gputuned.daemon.inplace import replan_if_moved, say_decision
 from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
 from gputuned.engine.apply import (
     ApplyReport,
@@ -105,6 +105,7 @@ class Keeper:
         self.last_verify_at: float | None = None
         self._next: dict[str, float] = {}
         self._replanning = False  # a full apply for the partition in place is under way
+        self.inplace_said: str | None = None  # the plan's line on it, logged last
 
     @property
     def settings(self) -> list[Change]:
@@ -181,6 +182,7 @@ class Keeper:
             self_bound=self.binds.self_bound(),
         )
         inplace.decision(self.ctx)  # what this apply made, before its processes change
+        say_decision(self, plan.notes)
         self.settings = [
             c for c in plan.settings if not c.report_only and c.key not in report.not_possible
         ]

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, TunerPlan
-from gputuned.kernel.procfs import cgroup_path
+from gputuned.kernel.procfs import cgroup_path, parse_stat
 from gputuned.kernel.system import has_exclusive_cpus
 from gputuned.kernel.systemd import ALLOWED_CPUS, dropin, unit_of
 from gputuned.tuners.proctree import Claim, claim_processes
@@ -124,7 +124,7 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     cgroups = sorted(where)
     cg = cgroups[0]
     by_gpu = any(movers[claims[p].rule].by_gpu for p in where[cg])
-    why = why_not_in_place(ctx, cgroups, set(claims), by_gpu=by_gpu)
+    why = why_not_in_place(ctx, cgroups, claims, by_gpu=by_gpu)
     if why is not None:
         return Decision(None, why, cg)
     parts = [p for p in cg.split("/") if p]
@@ -134,7 +134,7 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
 
 
 def why_not_in_place(
-    ctx: PlanContext, cgroups: list[str], claimed: set[int], *, by_gpu: bool
+    ctx: PlanContext, cgroups: list[str], claims: Mapping[int, Claim], *, by_gpu: bool
 ) -> str | None:
     """Why the server's cgroup cannot be its partition (None: it can)."""
     cfg = ctx.profile.cpuset
@@ -170,8 +170,8 @@ def why_not_in_place(
     group = f"{mount}{cg}"
     if any(kernel.is_dir(f"{group}/{n}") for n in _list(ctx, group)):
         return f"{cg} has child cgroups; a partition is made in place only in a leaf cgroup"
-    strangers = [int(p) for p in (kernel.read_optional(f"{group}/cgroup.procs") or "").split()]
-    strangers = [p for p in strangers if p not in claimed]
+    listed = (kernel.read_optional(f"{group}/cgroup.procs") or "").split()
+    strangers = _strangers(ctx, [int(p) for p in listed if p.isdigit()], claims)
     if strangers:
         return (
             f"{cg} also holds {_who(ctx, strangers)}, not the server's; those would get the "
@@ -182,6 +182,51 @@ def why_not_in_place(
         if words[0] != "member":
             return f"its parent cgroup {anc} is a partition root ({' '.join(words)})"
     return None
+
+
+def _strangers(ctx: PlanContext, pids: list[int], claims: Mapping[int, Claim]) -> list[int]:
+    """The processes of ``pids`` that are not the server's. Not counted: a claimed one; one
+    that has exited since (no /proc entry); a descendant of a claimed process (the same
+    process, by start time), which the claims make the server's: the process list a plan
+    claims from was read before ``cgroup.procs``, and a restarting server forks its engine
+    and workers in between (under load, seen in the QEMU lane: a full plan in the middle of
+    a unit's restart counted the new API server's child a stranger and moved the tree out of
+    its unit for good)."""
+    out = []
+    for pid in pids:
+        if pid in claims:
+            continue
+        chain = _ancestors(ctx, pid)
+        if chain is None:
+            continue
+        if any(claims[a].start == start for a, start in chain if a in claims):
+            continue
+        out.append(pid)
+    return out
+
+
+def _ancestors(ctx: PlanContext, pid: int) -> list[tuple[int, int]] | None:
+    """``pid``'s parent, grandparent, ... as (pid, start time), up to init, a process that is
+    gone or a stat that does not parse; None if ``pid`` itself is gone."""
+    chain: list[tuple[int, int]] = []
+    seen = {pid}
+    at = pid
+    for _ in range(64):
+        text = ctx.kernel.read_optional(f"/proc/{at}/stat")
+        if text is None:
+            return None if at == pid else chain
+        try:
+            st = parse_stat(text)
+            parent, start = st.ppid, st.start_time
+        except (ValueError, IndexError):
+            return chain
+        if at != pid:
+            chain.append((at, start))
+        if parent <= 1 or parent in seen:
+            return chain
+        seen.add(parent)
+        at = parent
+    return chain
 
 
 def lost(ctx: PlanContext, place: InPlace) -> bool:

@@ -9,22 +9,26 @@ host or a container host, where a runtime made a plain cgroup.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
 
 from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, read_state, revert_all
-from gputuned.engine.plan import PlanResult, plan_profile
+from gputuned.engine.plan import PlanResult, plan_profile, read_context
 from gputuned.engine.verify import verify_plan
 from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile
 from gputuned.service.procwatch import ProcEvent
+from gputuned.tuners import inplace
+from gputuned.tuners.proctree import claim_processes
 from tests.fakeproc import add_process, remove_process
 from tests.faults import tree_kernel
 from tests.unit.test_apply import digest, tree_copy
 from tests.unit.test_daemon import profile_file
-from tests.unit.test_process_tree import API, CORE, TRACKER, WORKER, feed, vllm_tree
+from tests.unit.test_process_tree import API, CORE, TRACKER, WORKER, child, feed, vllm_tree
 
 UNIT = "/system.slice/inference.service"
 CG = "sys/fs/cgroup"
@@ -153,6 +157,55 @@ def test_a_kernel_without_exclusive_cpus_falls_back(tmp_path: Path) -> None:
     assert len(moves(plan)) == len(TREE)
 
 
+def test_what_the_process_list_missed_is_no_stranger(tmp_path: Path) -> None:
+    """A plan reads every process, then the unit's cgroup.procs. A child the server forked in
+    between (a restarting vLLM spawns its engine) and a process that exited in between are
+    not strangers; a shell whose parent's PID a server process once had (PIDs are reused)
+    is. Before this, the QEMU lane's restart under load fell back to the move for good."""
+    root = host(tmp_path)
+    vllm_tree(root, cgroup=UNIT)
+    prof = load_profile(profile_file(tmp_path))
+    ctx = read_context(tree_kernel(root), prof)
+    claims = claim_processes(ctx)
+    assert inplace.decide(ctx, claims).place is not None
+    # forked after the process list was read: the engine's second worker, its own child
+    child(root, 5040, CORE, inherited=False, comm="VLLM::Worker_TP1", cgroup=UNIT)
+    child(root, 5050, 5040, inherited=False, comm="python3", cgroup=UNIT)
+    procs = root / CG / UNIT.strip("/") / "cgroup.procs"
+    procs.write_text(procs.read_text() + "5060\n")  # gone from /proc already
+    got = inplace.decide(ctx, claims)
+    assert got.place is not None and got.why_not is None, got
+    # a process whose parent has a claimed PID but not its start time: someone else's
+    add_process(
+        root,
+        5070,
+        comm="bash",
+        cmdline=["bash"],
+        exe="/bin/bash",
+        start_time=9,
+        cgroup=UNIT,
+        ppid=5080,
+    )
+    add_process(
+        root,
+        5080,
+        comm="sshd",
+        cmdline=["sshd"],
+        exe="/usr/sbin/sshd",
+        start_time=8,
+        cgroup=UNIT,
+    )
+    # the daemon's claims still hold an earlier 5080, one of the server's
+    claims[5080] = dataclasses.replace(claims[API], start=1)
+    got = inplace.decide(ctx, claims)
+    assert got.place is None and got.why_not is not None, got
+    assert "pid 5070 ('bash'), not the server's" in got.why_not
+    del claims[5080]
+    remove_process(root, 5080)  # its parent gone: the shell is still no child of the server
+    got = inplace.decide(ctx, claims)
+    assert got.why_not is not None and "pid 5070 ('bash')" in got.why_not, got
+
+
 def test_two_server_units_for_one_partition_fall_back(tmp_path: Path) -> None:
     root = host(tmp_path)
     vllm_tree(root, cgroup=UNIT)
@@ -217,10 +270,13 @@ def test_daemon_first_then_the_unit_starts_stops_and_restarts(tmp_path: Path) ->
     assert digest(root) == before
 
 
-def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(tmp_path: Path) -> None:
+def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """systemctl restart: the old processes' exits and the new ones' execs arrive together,
     and the new cgroup has the old one's name; it is no partition until the daemon makes it
-    one again."""
+    one again. The journal says where the server's partition is, once while it stays."""
+    caplog.set_level(logging.INFO, logger="gputuned")
     root = host(tmp_path)
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
@@ -236,6 +292,13 @@ def test_a_restart_seen_in_one_batch_of_events_is_placed_in_place_again(tmp_path
     assert read(root, UNIT, "cpuset.cpus.partition") == "root"
     assert read(root, UNIT, "cpuset.cpus.exclusive.effective") == "1-4"
     assert cgroups_of(root) == {UNIT}
+    said = [r.getMessage() for r in caplog.records if "partition" in r.getMessage()]
+    assert [m for m in said if m.startswith("daemon: cpuset: ")] == [
+        f"daemon: cpuset: partition in place: {UNIT} (unit inference.service, told "
+        "AllowedCPUs=1-4) becomes the partition on 1-4; the server's processes stay in it, so "
+        "stopping the unit stops them all, its status lists them and its MemoryMax=/TasksMax= "
+        "still apply"
+    ], said
     assert d.stop() == 0
 
 
