@@ -32,7 +32,7 @@ from typing import Any
 from gputuned import errors
 from gputuned.engine.journal import Entry, Journal
 from gputuned.kernel import Kernel
-from gputuned.kernel.proc import iter_processes, read_identity, read_process
+from gputuned.kernel.proc import ancestor_in, iter_processes, read_identity, read_process
 from gputuned.kernel.system import nearest_cgroup, read_cgroup_layout
 from gputuned.settings.base import ABSENT, Op, Reused
 from gputuned.settings.registry import placement_kinds, setting
@@ -40,9 +40,6 @@ from gputuned.settings.threads import thread_value
 from gputuned.store.state import ACTIVE, STATE, HostLock, remove
 
 log = logging.getLogger(__name__)
-
-#: How far up the parent chain a process left in gputuned's cgroup is traced to a placed one.
-_MAX_DEPTH = 64
 
 
 @dataclass
@@ -394,22 +391,8 @@ def _shows(attr: str, now: str, given: set[str]) -> bool:
 
 def _placed_ancestor(kernel: Kernel, pid: int, placed: dict[int, _Placed]) -> _Placed | None:
     """The nearest ancestor of ``pid`` that gputuned journaled (by parent PID and start time)."""
-    for _ in range(_MAX_DEPTH):
-        try:
-            _start, ppid, _comm, _k = read_identity(kernel, pid)
-        except errors.GputunedError:
-            return None
-        if ppid <= 1:
-            return None
-        pl = placed.get(ppid)
-        if pl is not None:
-            try:
-                if read_identity(kernel, ppid)[0] == pl.start:
-                    return pl
-            except errors.GputunedError:
-                return None
-        pid = ppid
-    return None
+    found = ancestor_in(kernel, pid, {p: pl.start for p, pl in placed.items()})
+    return None if found is None else placed[found]
 
 
 def _procs_below(kernel: Kernel, path: str) -> list[int]:

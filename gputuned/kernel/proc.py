@@ -3,7 +3,7 @@ hold them; the formats are parsed by :mod:`gputuned.kernel.procfs`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gputuned import errors
@@ -140,6 +140,28 @@ def read_identity(kernel: Kernel, pid: int) -> tuple[int, int, str, bool]:
     """(start time, parent PID, comm, kernel thread) of ``pid`` from one read of its stat."""
     st = parse_stat(kernel.read_text(f"/proc/{pid}/stat"))
     return st.start_time, st.ppid, st.comm, st.kernel_thread
+
+
+def ancestor_in(kernel: Kernel, pid: int, starts: Mapping[int, int]) -> int | None:
+    """The nearest ancestor of ``pid`` that is in ``starts`` (PID -> start time) as the same
+    process, by start time (PIDs are reused). None: none is, or the walk ended first, at init,
+    at a process that is gone, after 64 generations."""
+    at = pid
+    for _ in range(64):
+        try:
+            ppid = read_identity(kernel, at)[1]
+        except errors.GputunedError:
+            return None
+        if ppid <= 1:
+            return None
+        if ppid in starts:
+            try:
+                if read_identity(kernel, ppid)[0] == starts[ppid]:
+                    return ppid
+            except errors.GputunedError:
+                return None
+        at = ppid
+    return None
 
 
 def iter_processes(

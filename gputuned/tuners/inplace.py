@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, TunerPlan
-from gputuned.kernel.procfs import cgroup_path, parse_stat
+from gputuned.kernel.proc import ancestor_in
+from gputuned.kernel.procfs import cgroup_path
 from gputuned.kernel.system import has_exclusive_cpus
 from gputuned.kernel.systemd import ALLOWED_CPUS, dropin, unit_of
 from gputuned.tuners.proctree import Claim, claim_processes
@@ -186,47 +187,18 @@ def why_not_in_place(
 
 def _strangers(ctx: PlanContext, pids: list[int], claims: Mapping[int, Claim]) -> list[int]:
     """The processes of ``pids`` that are not the server's. Not counted: a claimed one; one
-    that has exited since (no /proc entry); a descendant of a claimed process (the same
-    process, by start time), which the claims make the server's: the process list a plan
-    claims from was read before ``cgroup.procs``, and a restarting server forks its engine
-    and workers in between (under load, seen in the QEMU lane: a full plan in the middle of
-    a unit's restart counted the new API server's child a stranger and moved the tree out of
-    its unit for good)."""
-    out = []
-    for pid in pids:
-        if pid in claims:
-            continue
-        chain = _ancestors(ctx, pid)
-        if chain is None:
-            continue
-        if any(claims[a].start == start for a, start in chain if a in claims):
-            continue
-        out.append(pid)
-    return out
-
-
-def _ancestors(ctx: PlanContext, pid: int) -> list[tuple[int, int]] | None:
-    """``pid``'s parent, grandparent, ... as (pid, start time), up to init, a process that is
-    gone or a stat that does not parse; None if ``pid`` itself is gone."""
-    chain: list[tuple[int, int]] = []
-    seen = {pid}
-    at = pid
-    for _ in range(64):
-        text = ctx.kernel.read_optional(f"/proc/{at}/stat")
-        if text is None:
-            return None if at == pid else chain
-        try:
-            st = parse_stat(text)
-            parent, start = st.ppid, st.start_time
-        except (ValueError, IndexError):
-            return chain
-        if at != pid:
-            chain.append((at, start))
-        if parent <= 1 or parent in seen:
-            return chain
-        seen.add(parent)
-        at = parent
-    return chain
+    that has exited since; a descendant of a claimed process (the same process, by start
+    time), which the claims make the server's. The process list a plan claims from is read
+    before ``cgroup.procs``, and a restarting server forks its engine and workers in between:
+    counted as strangers, they would move the new tree out of its unit for good."""
+    starts = {pid: c.start for pid, c in claims.items()}
+    return [
+        pid
+        for pid in pids
+        if pid not in claims
+        and ctx.kernel.exists(f"/proc/{pid}")
+        and ancestor_in(ctx.kernel, pid, starts) is None
+    ]
 
 
 def lost(ctx: PlanContext, place: InPlace) -> bool:

@@ -176,25 +176,11 @@ def test_what_the_process_list_missed_is_no_stranger(tmp_path: Path) -> None:
     got = inplace.decide(ctx, claims)
     assert got.place is not None and got.why_not is None, got
     # a process whose parent has a claimed PID but not its start time: someone else's
-    add_process(
-        root,
-        5070,
-        comm="bash",
-        cmdline=["bash"],
-        exe="/bin/bash",
-        start_time=9,
-        cgroup=UNIT,
-        ppid=5080,
-    )
-    add_process(
-        root,
-        5080,
-        comm="sshd",
-        cmdline=["sshd"],
-        exe="/usr/sbin/sshd",
-        start_time=8,
-        cgroup=UNIT,
-    )
+    for pid, ppid, comm, start in ((5070, 5080, "bash", 9), (5080, 1, "sshd", 8)):
+        exe = f"/usr/bin/{comm}"
+        add_process(
+            root, pid, comm=comm, cmdline=[comm], exe=exe, start_time=start, ppid=ppid, cgroup=UNIT
+        )
     # the daemon's claims still hold an earlier 5080, one of the server's
     claims[5080] = dataclasses.replace(claims[API], start=1)
     got = inplace.decide(ctx, claims)

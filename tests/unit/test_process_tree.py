@@ -29,7 +29,7 @@ from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
 from gputuned.kernel.oserrors import translate
-from gputuned.kernel.proc import read_process
+from gputuned.kernel.proc import ancestor_in, read_process
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.service.control import PeerCred
 from gputuned.service.procwatch import ProcEvent
@@ -306,6 +306,22 @@ def test_revert_moves_out_what_it_did_not_place_then_removes_its_cgroup(tmp_path
         rep.notes
     )
     assert not (root / "sys/fs/cgroup/gputuned.inference").exists()
+
+
+def test_the_nearest_ancestor_is_found_by_pid_and_start_time(tmp_path: Path) -> None:
+    """kernel/proc.py ancestor_in(): what revert (a process left in gputuned's cgroup) and the
+    partition in place (a process the plan's list missed) use to tell the server's own."""
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    vllm_tree(root)
+    k = tree_kernel(root)
+    api_start = read_process(k, API).start_time
+    assert ancestor_in(k, WORKER, {API: api_start}) == API
+    assert ancestor_in(k, WORKER, {API: api_start, CORE: 1000 + CORE}) == CORE  # the nearest
+    assert ancestor_in(k, WORKER, {API: api_start + 1}) is None  # a reused PID is not it
+    assert ancestor_in(k, API, {API: api_start}) is None  # not its own ancestor
+    assert ancestor_in(k, 4242, {API: api_start}) is None  # gone
+    remove_process(root, CORE)  # its parent gone: the walk ends there
+    assert ancestor_in(k, WORKER, {API: api_start}) is None
 
 
 def moving_profile(tmp_path: Path) -> Path:
