@@ -16,15 +16,15 @@ normally. Four scenarios, each point on its own copy of the tree:
 After each: the tree is byte-identical to the tree before the first apply and the journal is
 gone. The tree is degraded-link with a two-thread server process and profiles/shared-host.toml
 (cgroup partition, IRQs, the server's nice, affinity and cgroup). Points run two at a time
-(the CI machine kind has 2 vCPUs); every subprocess is a fresh ``python3 -m``.
+(the CI machine kind has 2 vCPUs); every command and daemon is a new process forked from a
+server that imported gputuned once, and runs its module as ``python3 -m`` would
+(tests/reliability/forked.py; ``test_torn_journal_line_is_ignored`` runs a real ``python3 -m``).
 """
 
 from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +39,8 @@ from gputuned.store.state import JOURNAL
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel
-from tests.reliability.conftest import REPO, cli, diff_keys, subprocess_env
+from tests.reliability import forked
+from tests.reliability.conftest import cli, diff_keys, subprocess_env
 from tests.unit.test_apply import PROFILES, SERVER_PID, SERVER_UID, SERVER_USER, digest
 
 TREE = "degraded-link"
@@ -115,7 +116,10 @@ class Gauntlet:
     def cli_apply(self, p: Point) -> Outcome:
         root = self.fresh()
         fp = {"GPUTUNED_FAILPOINT": f"kill-{p.when}-write:{p.n}"}
-        run = cli("apply", "--root", str(root), str(self.profile), env=fp)
+        run = forked.run(
+            "gputuned.cli", "apply", "--root", str(root), str(self.profile),
+            env=subprocess_env() | fp,
+        )  # fmt: skip
         killed = run.returncode == -signal.SIGKILL
         if not killed and run.returncode != 0:
             return Outcome(p, False, False, f"apply rc {run.returncode}: {run.stderr[-300:]}")
@@ -129,7 +133,7 @@ class Gauntlet:
         root = self.fresh()
         apply_profile(tree_kernel(root), load_profile(self.profile), source=str(self.profile))
         fp = {"GPUTUNED_FAILPOINT": f"kill-{p.when}-write:{p.n}"}
-        run = cli("revert", "--root", str(root), env=fp)
+        run = forked.run("gputuned.cli", "revert", "--root", str(root), env=subprocess_env() | fp)
         killed = run.returncode == -signal.SIGKILL
         if not killed and run.returncode != 0:
             return Outcome(p, False, False, f"revert rc {run.returncode}: {run.stderr[-300:]}")
@@ -142,25 +146,17 @@ class Gauntlet:
 
     # -- the daemon --------------------------------------------------------------------------
 
-    def daemon(self, root: Path, failpoint: str | None) -> subprocess.Popen[str]:
+    def daemon(self, root: Path, failpoint: str | None) -> forked.Forked:
         env = subprocess_env()
         env.pop("NOTIFY_SOCKET", None)
-        # With a crash point, through the test entry point that gives its kernel one.
-        module = ["-m", "gputuned.daemon"]
         if failpoint:
             env["GPUTUNED_FAILPOINT"] = failpoint
-            module = ["-m", "tests.failpoint", "gputuned.daemon"]
-        return subprocess.Popen(
-            [sys.executable, *module, "--root", str(root), "--profile", str(self.profile)],
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
+        return forked.Forked(
+            "gputuned.daemon", ["--root", str(root), "--profile", str(self.profile)], env
         )
 
     @staticmethod
-    def wait_ready(proc: subprocess.Popen[str], root: Path, timeout: float = 30) -> bool:
+    def wait_ready(proc: forked.Forked, root: Path, timeout: float = 30) -> bool:
         """True once the daemon answers a status (the socket is there before the start apply,
         its first answer after it); False if the daemon exits first."""
         host = tree_kernel(root)
