@@ -32,11 +32,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -465,6 +467,14 @@ def remove_nspawn_cgroups() -> tuple[list[str], list[str]]:
     return removed, left
 
 
+def _stamp_lines(src: IO[bytes], dst: IO[bytes], t0: float) -> None:
+    """Copy ``src`` to ``dst`` line by line, each with the seconds since ``t0``; close both."""
+    with src, dst:
+        for line in src:
+            dst.write(b"[%8.2f] %s" % (time.monotonic() - t0, line))
+            dst.flush()
+
+
 def remove_stale_runs() -> None:
     """Run folders a killed earlier run left (the caller holds the run lock: none is in use)."""
     for d in sorted((CACHE / "runs").glob("*")):
@@ -512,11 +522,12 @@ class Container:
                 str(self.root),
             ],
             stdin=subprocess.DEVNULL,
-            stdout=log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        log.close()
+        # Each console line with its second since nspawn started: a slow shutdown says where.
+        threading.Thread(target=_stamp_lines, args=(self.proc.stdout, log, t0), daemon=True).start()
         self.pid1 = None
         while self.pid1 is None:
             if self.proc.poll() is not None:
@@ -555,12 +566,43 @@ class Container:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired as exc:
-            raise E2EError(f"systemd-nspawn still running after {timeout} s") from exc
+            raise E2EError(
+                f"systemd-nspawn still running after {timeout} s\n{self.processes()}\n{self.tail()}"
+            ) from exc
 
-    def reboot(self, timeout: float = 60) -> int:
-        """``systemctl reboot`` inside; returns nspawn's exit code (133 for a reboot)."""
-        self.run("systemctl", "reboot", check=False, timeout=timeout)
+    def reboot(self, timeout: float = 150) -> int:
+        """``systemctl reboot`` inside; returns nspawn's exit code (133 for a reboot). The wait
+        outlasts the container's own stop timeout (DefaultTimeoutStopSec=, 90 s), so that a unit
+        that hangs on stop shows in the console log as systemd's kill, not as our timeout."""
+        self.run("systemctl", "reboot", check=False, timeout=60)
         return self.wait_exit(timeout)
+
+    def processes(self) -> str:
+        """nspawn and every process of the container as the host sees them: PID (inner PID),
+        state, kernel wait channel, nice, allowed CPUs, command name and cgroup; for an error
+        message (a process that may run only on a CPU others hold is slow to die)."""
+        if self.proc is None:
+            return "(not started)"
+        lines = ["host PID (inner) state wchan nice CPUs comm cgroup"]
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+                status = Path(f"/proc/{pid}/status").read_text()
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text().splitlines()[-1]
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            cpus = next(
+                (ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list")),
+                "?",
+            )
+            inner = ns_pids(pid)[-1:] or ["?"]
+            lines.append(
+                f"{pid} ({inner[0]}) {fields[0]} {wchan} {fields[16]} {cpus} {comm} {cgroup}"
+            )
+        return "\n".join(lines)
 
     def shutdown(self, timeout: float = 20) -> None:
         """Power off (SIGTERM makes nspawn ask the container's init for a clean shutdown); kill
@@ -597,11 +639,12 @@ class Container:
         return out
 
     def tail(self, lines: int = 40) -> str:
-        logs = sorted(self.logs.glob("console-*.log"))
-        if not logs:
+        log = self.logs / f"console-{self.boots}.log"
+        if not log.exists():
             return "(no console log)"
-        text = logs[-1].read_text(errors="replace").splitlines()[-lines:]
-        return f"--- last lines of {logs[-1]}\n" + "\n".join(text)
+        raw = log.read_bytes().decode(errors="replace")  # the console ends lines in \r\r\n
+        text = raw.replace("\r", "").splitlines()[-lines:]
+        return f"--- last lines of {log}\n" + "\n".join(text)
 
     # ---- commands ----
 
