@@ -156,9 +156,9 @@ class Kernel(Protocol):
         ...
 
     def unit_property(self, unit: str, name: str) -> str | None:
-        """A unit's property as systemd holds it now: AllowedCPUs as ``systemctl show`` prints
-        it; CPUQuota and CPUWeight in the form an assignment takes ("" for the default:
-        :mod:`gputuned.kernel.units`). None when no such unit is loaded."""
+        """A unit's property as systemd holds it now: AllowedCPUs and Delegate as ``systemctl
+        show`` prints them; CPUQuota and CPUWeight in the form an assignment takes ("" for the
+        default: :mod:`gputuned.kernel.units`). None when no such unit is loaded."""
         ...
 
     def set_unit_property(self, unit: str, name: str, value: str) -> None:

@@ -29,9 +29,16 @@ ALLOWED_CPUS = "AllowedCPUs"
 UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,200}\.(service|scope)")
 
 
-def dropin(unit: str, prop: str = ALLOWED_CPUS) -> str:
-    """The runtime drop-in systemd writes for ``set-property --runtime UNIT PROP=``."""
-    return f"{CONTROL_DIR}/{unit}.d/50-{prop}.conf"
+#: Where systemd keeps a transient unit (a runtime's scope: podman's libpod-<id>.scope) and
+#: every drop-in written for it (src/core/unit.c unit_drop_in_dir()); it removes them with
+#: the unit.
+TRANSIENT_DIR = "/run/systemd/transient"
+
+
+def dropin(unit: str, prop: str = ALLOWED_CPUS, *, transient: bool = False) -> str:
+    """The runtime drop-in systemd writes for ``set-property --runtime UNIT PROP=``: under
+    the transient units' folder for a transient unit, else the "control" one."""
+    return f"{TRANSIENT_DIR if transient else CONTROL_DIR}/{unit}.d/50-{prop}.conf"
 
 
 def unit_of(cgroup: str) -> str | None:

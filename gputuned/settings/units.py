@@ -44,7 +44,8 @@ class UnitProperty(Setting):
     """``AllowedCPUs=`` of a unit, with whether its runtime drop-in existed.
 
     The value is ``CPUS|present`` or ``CPUS|absent``: the property as systemd shows it, and
-    whether /run/systemd/system.control/UNIT.d/50-AllowedCPUs.conf is there. Writing sets the
+    whether /run/systemd/system.control/UNIT.d/50-AllowedCPUs.conf is there (for a transient
+    unit, such as a container runtime's scope, under /run/systemd/transient). Writing sets the
     property at run time (which writes that drop-in) and, for ``absent``, removes the drop-in
     again, so a revert leaves /run as it was. ``data``: unit, property.
     """
@@ -92,7 +93,7 @@ class UnitProperty(Setting):
         unit, prop = op.data.get("unit"), op.data.get("property")
         if not (isinstance(unit, str) and UNIT_NAME.fullmatch(unit)) or prop != ALLOWED_CPUS:
             return "not a unit's AllowedCPUs= that gputuned sets"
-        if op.path != dropin(unit, prop):
+        if op.path not in (dropin(unit, prop), dropin(unit, prop, transient=True)):
             return f"{op.path!r} is not the runtime drop-in of {unit}"
         kept = op.data.get("cpuset_kept", [])
         if not (

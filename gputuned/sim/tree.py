@@ -121,6 +121,8 @@ class SimKernel(KernelBase):
     def unit_property(self, unit: str, name: str) -> str | None:
         if name == ALLOWED_CPUS:
             return units.show(self.model, unit, name)
+        if name == "Delegate":
+            return units.delegate(self.model, unit)
         with translating("read", unit):
             return unitcpu.read(self.model, unit, name)
 

@@ -16,7 +16,7 @@ import errno as E
 import os
 
 from gputuned.cpulist import format_cpulist
-from gputuned.kernel.systemd import dropin, section
+from gputuned.kernel.systemd import TRANSIENT_DIR, dropin, section
 from gputuned.sim import cgroups, cpusets
 from gputuned.sim.files import TreeFiles, fail
 
@@ -32,14 +32,38 @@ def unit_cgroup(tf: TreeFiles, unit: str) -> str | None:
     return None
 
 
+#: Where a tree keeps unit files: transient units (a runtime's scope: podman's libpod scopes
+#: are made with Delegate=yes), then the administrator's.
+_UNIT_DIRS = (TRANSIENT_DIR, "/etc/systemd/system")
+
+
+def delegate(tf: TreeFiles, unit: str) -> str | None:
+    """``Delegate=`` as ``systemctl show`` prints it: "yes" where the unit's file says so,
+    else "no"; None for a unit that is not loaded."""
+    if not _loaded(tf, unit):
+        return None
+    for d in _UNIT_DIRS:
+        for line in (tf.get(f"{d}/{unit}") or "").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() == "Delegate":
+                return "yes" if value.strip().lower() in ("yes", "true", "on", "1") else "no"
+    return "no"
+
+
 def _loaded(tf: TreeFiles, unit: str) -> bool:
     return unit.endswith(".service") or unit_cgroup(tf, unit) is not None
+
+
+def _dropin(tf: TreeFiles, unit: str, name: str) -> str:
+    """The drop-in systemd writes: a transient unit's (its file in /run/systemd/transient)
+    beside that file."""
+    return dropin(unit, name, transient=tf.get(f"{TRANSIENT_DIR}/{unit}") is not None)
 
 
 def show(tf: TreeFiles, unit: str, name: str) -> str | None:
     if not _loaded(tf, unit):
         return None
-    for line in (tf.get(dropin(unit, name)) or "").splitlines():
+    for line in (tf.get(_dropin(tf, unit, name)) or "").splitlines():
         key, eq, value = line.partition("=")
         if eq and key.strip() == name:
             return value.strip()
@@ -52,7 +76,7 @@ def set_property(tf: TreeFiles, unit: str, name: str, value: str) -> None:
     if name != "AllowedCPUs":
         raise fail(E.EINVAL, f"property {name} is not modelled")
     cpus = tf.parse_cpus(value, as_list=True) if value.strip() else frozenset()
-    path = tf.real(dropin(unit, name))
+    path = tf.real(_dropin(tf, unit, name))
     path.parent.mkdir(parents=True, exist_ok=True)
     shown = format_cpulist(cpus) if cpus else ""
     path.write_text(

@@ -50,7 +50,7 @@ from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.kernel.proc import ancestor_in
 from gputuned.kernel.procfs import cgroup_path
 from gputuned.kernel.system import has_exclusive_cpus
-from gputuned.kernel.systemd import ALLOWED_CPUS, dropin, unit_of
+from gputuned.kernel.systemd import ALLOWED_CPUS, TRANSIENT_DIR, dropin, unit_of
 from gputuned.tuners.proctree import Claim, claim_processes
 
 _MEMO = "inplace"
@@ -60,11 +60,17 @@ _MEMO = "inplace"
 class InPlace:
     """The cgroup made the partition in place (as /proc/PID/cgroup shows it), the unit that
     owns it where systemd does (None: a plain cgroup), and its ancestors below the root,
-    top down."""
+    top down. ``delegated``: the unit has ``Delegate=yes`` (a container runtime's scope;
+    podman's crun puts the container in a child cgroup of it): its cgroups are the runtime's,
+    systemd is told nothing and gputuned enables the controller itself, as for a plain cgroup.
+    (``AllowedCPUs=`` would not do there: systemd keeps cpuset enabled for a delegated unit,
+    and the kernel refuses to empty the unit's ``cpuset.cpus`` again while its subtree holds
+    processes, so the CPUs would stay behind.)"""
 
     cgroup: str
     unit: str | None
     ancestors: tuple[str, ...]
+    delegated: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,30 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     parts = [p for p in cg.split("/") if p]
     ancestors = tuple("/" + "/".join(parts[:i]) for i in range(1, len(parts)))
     unit = unit_of(cg) if ctx.kernel.systemd else None
-    return Decision(InPlace(cg, unit, ancestors), None, cg)
+    delegated = False
+    if ctx.kernel.systemd:
+        above = delegating_unit(ctx, cg)
+        if above is not None:
+            unit, delegated = above, True
+    return Decision(InPlace(cg, unit, ancestors, delegated), None, cg)
+
+
+def delegating_unit(ctx: PlanContext, cg: str) -> str | None:
+    """The unit with ``Delegate=yes`` whose own cgroup is ``cg`` or holds it (the nearest
+    unit): systemd leaves that subtree to whoever it was delegated to
+    (systemd.resource-control(5), Delegate=), as podman does with its libpod scope, whose
+    crun puts the container in ``container`` below it. None otherwise."""
+    parts = [p for p in cg.split("/") if p]
+    for i in range(len(parts), 0, -1):
+        unit = unit_of("/" + "/".join(parts[:i]))
+        if unit is None:
+            continue
+        try:
+            delegate = ctx.kernel.unit_property(unit, "Delegate")
+        except errors.HostError:
+            return None
+        return unit if delegate == "yes" else None
+    return None
 
 
 def why_not_in_place(
@@ -162,8 +191,16 @@ def why_not_in_place(
             f"{cg} is a user's cgroup: its user may move any of their processes in, and they "
             "would get the partition's CPUs"
         )
-    if kernel.systemd and parts[0].endswith(".slice") and unit_of(cg) is None:
-        return f"{cg} is not a systemd unit's own cgroup (systemd owns the cgroups below slices)"
+    if (
+        kernel.systemd
+        and parts[0].endswith(".slice")
+        and unit_of(cg) is None
+        and delegating_unit(ctx, cg) is None
+    ):
+        return (
+            f"{cg} is not a systemd unit's own cgroup, nor below a unit with Delegate=yes "
+            "(systemd owns the cgroups below slices)"
+        )
     if not has_exclusive_cpus(kernel, mount):
         return (
             "this kernel has no cpuset.cpus.exclusive (Linux 6.7+), which a remote partition needs"
@@ -229,11 +266,12 @@ def _who(ctx: PlanContext, pids: list[int]) -> str:
 def in_place_note(d: Decision, cpus: frozenset[int], placeholder: str) -> str | None:
     """The plan's one line about it."""
     if d.place is not None:
-        owner = (
-            f"unit {d.place.unit}, told AllowedCPUs={format_cpulist(cpus)}"
-            if d.place.unit
-            else "no systemd unit: the plain cgroup of a container or runtime"
-        )
+        if d.place.unit and d.place.delegated:
+            owner = f"unit {d.place.unit}, which delegates its cgroups: Delegate=yes"
+        elif d.place.unit:
+            owner = f"unit {d.place.unit}, told AllowedCPUs={format_cpulist(cpus)}"
+        else:
+            owner = "no systemd unit: the plain cgroup of a container or runtime"
         return (
             f"cpuset: partition in place: {d.place.cgroup} ({owner}) becomes the partition on "
             f"{format_cpulist(cpus)}; the server's processes stay in it, so stopping the unit "
@@ -256,9 +294,10 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
     ro = bool(ctx.profile.cpuset and ctx.profile.cpuset.report_only)
     cpulist = format_cpulist(cpus)
     kernel = ctx.kernel
-    if place.unit is not None:
+    if place.unit is not None and not place.delegated:
         have = kernel.unit_property(place.unit, ALLOWED_CPUS) or ""
-        path = dropin(place.unit, ALLOWED_CPUS)
+        transient = kernel.exists(f"{TRANSIENT_DIR}/{place.unit}")
+        path = dropin(place.unit, ALLOWED_CPUS, transient=transient)
         there = "present" if kernel.exists(path) else "absent"
         shown = format_cpulist(parse_cpulist(have)) if have else ""
         # When AllowedCPUs= goes again, systemd realizes the unit's parents with what their
@@ -282,29 +321,36 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
                 in_sync=parse_cpulist(shown) == cpus and there == "present",
             )
         )
-    else:
-        for anc in place.ancestors:
-            sub = (kernel.read_optional(f"{mount}{anc}/cgroup.subtree_control") or "").split()
-            out.changes.append(
-                Change(
-                    "cpuset",
-                    f"{anc} cgroup.subtree_control",
-                    " ".join(sub) or "-",
-                    "+cpuset",
-                    f"{place.cgroup} needs the cpuset controller from its parents",
-                    f"{mount}{anc}/cgroup.subtree_control",
-                    ro,
-                    kind="controller",
-                    data={"controller": "cpuset"},
-                    in_sync="cpuset" in sub,
-                )
+    # Where systemd does not enable the controller: every ancestor of a plain cgroup or of a
+    # delegated unit's (systemd has enabled it above a delegated unit: in sync there).
+    for anc in place.ancestors if place.unit is None or place.delegated else ():
+        sub = (kernel.read_optional(f"{mount}{anc}/cgroup.subtree_control") or "").split()
+        out.changes.append(
+            Change(
+                "cpuset",
+                f"{anc} cgroup.subtree_control",
+                " ".join(sub) or "-",
+                "+cpuset",
+                f"{place.cgroup} needs the cpuset controller from its parents",
+                f"{mount}{anc}/cgroup.subtree_control",
+                ro,
+                kind="controller",
+                data={"controller": "cpuset"},
+                in_sync="cpuset" in sub,
             )
+        )
     steps = [(anc, "cpuset.cpus.exclusive", cpulist) for anc in place.ancestors]
     steps += [
         (place.cgroup, "cpuset.cpus.exclusive", cpulist),
         (place.cgroup, "cpuset.cpus", cpulist),
         (place.cgroup, "cpuset.cpus.partition", mode),
     ]
+    # An empty cpuset.cpus is left empty: the cgroup then has its parent's CPUs (a unit's from
+    # AllowedCPUs=), and a partition takes its CPUs from cpuset.cpus.exclusive. Written, it
+    # could never be put back: the kernel refuses to empty cpuset.cpus of a cgroup that holds
+    # processes (ENOSPC; seen on podman's container cgroup, whose cpuset.cpus crun leaves empty).
+    if not (kernel.read_optional(f"{mount}{place.cgroup}/cpuset.cpus") or "").strip():
+        steps.remove((place.cgroup, "cpuset.cpus", cpulist))
     for cg, name, value in steps:
         have = kernel.read_optional(f"{mount}{cg}/{name}") or ""
         compare = "partition" if name.endswith("partition") else "cpulist"

@@ -78,8 +78,10 @@ def test_a_units_tree_gets_its_partition_in_place_and_revert_is_exact(tmp_path: 
     assert f"{UNIT} (unit inference.service, told AllowedCPUs=1-4) becomes the partition" in said
     assert moves(plan) == []
     kinds = [c.kind for c in plan.changes if c.tuner == "cpuset" and c.kind != "mount"]
-    # systemd first (it writes the unit's cpuset.cpus), then system.slice's claim, the unit's
-    assert kinds == ["unit_property"] + ["borrowed_cpuset"] * 4, kinds
+    # systemd first (it writes the unit's cpuset.cpus, which gputuned leaves to it), then
+    # system.slice's claim, the unit's claim and its partition
+    assert kinds == ["unit_property"] + ["borrowed_cpuset"] * 3, kinds
+    assert not [c for c in plan.changes if c.target == f"{UNIT} cpuset.cpus"]
 
     _plan, rep = apply_profile(tree_kernel(root), prof)
     assert rep.failed == []
@@ -120,6 +122,70 @@ def test_a_runtimes_plain_cgroup_without_systemd(tmp_path: Path) -> None:
     assert read(root, box, "cpuset.cpus.partition") == "root"
     assert "cpuset" in read(root, "/docker", "cgroup.subtree_control").split()
     assert not (root / "run/systemd").exists()
+    assert revert_all(tree_kernel(root)).failed == []
+    assert digest(root) == before
+
+
+PODMAN_SCOPE = "/machine.slice/libpod-4c1d9e.scope"
+
+
+def test_a_podman_containers_cgroup_below_its_delegated_scope(tmp_path: Path) -> None:
+    """podman under systemd: crun puts the container in ``container`` below the libpod
+    scope, which podman made with Delegate=yes. Those cgroups are the runtime's: systemd is
+    told nothing (no AllowedCPUs=, which the kernel would not let go of again), gputuned
+    enables cpuset where it is missing, and the container's cgroup becomes the partition,
+    its processes staying in it. Without Delegate=yes, the cgroup below a unit is systemd's
+    and the processes are moved instead."""
+    root = host(tmp_path)
+    box = f"{PODMAN_SCOPE}/container"
+    vllm_tree(root, cgroup=box)
+    unit_file = root / "run/systemd/transient/libpod-4c1d9e.scope"
+    unit_file.parent.mkdir(parents=True)
+    unit_file.write_text("[Scope]\nDelegate=no\n")
+    prof = load_profile(profile_file(tmp_path))
+    plan = plan_profile(tree_kernel(root), prof)
+    (said,) = notes(plan, "cpuset: not partitioned in place: ")
+    assert "nor below a unit with Delegate=yes" in said and moves(plan)
+
+    unit_file.write_text("[Scope]\nDelegate=yes\n")
+    before = digest(root)
+    plan, rep = apply_profile(tree_kernel(root), prof)
+    (said,) = notes(plan, "cpuset: partition in place: ")
+    assert f"{box} (unit libpod-4c1d9e.scope, which delegates its cgroups: Delegate=yes)" in said
+    assert moves(plan) == []
+    assert not [c for c in plan.changes if c.kind == "unit_property"]
+    enabled = [c.target for c in plan.changes if c.kind == "controller" and not c.in_sync]
+    assert enabled == [f"{a} cgroup.subtree_control" for a in ("/machine.slice", PODMAN_SCOPE)]
+    assert rep.failed == [] and cgroups_of(root) == {box}
+    assert read(root, box, "cpuset.cpus.partition") == "root"
+    assert read(root, box, "cpuset.cpus.exclusive.effective") == "1-4"
+    assert read(root, PODMAN_SCOPE, "cpuset.cpus.exclusive") == "1-4"
+    assert read(root, box, "cpuset.cpus") == "" and read(root, PODMAN_SCOPE, "cpuset.cpus") == ""
+    assert not (root / "run/systemd/transient/libpod-4c1d9e.scope.d").exists()
+    rep2 = verify_plan(plan_profile(tree_kernel(root), prof), read_state(tree_kernel(root)))
+    assert rep2.count("drifted") == 0, [ln.target for ln in rep2.lines]
+    assert revert_all(tree_kernel(root)).failed == []
+    assert digest(root) == before
+
+
+def test_a_transient_scopes_dropin_is_beside_its_unit(tmp_path: Path) -> None:
+    """A transient scope without Delegate= that holds the server itself: told AllowedCPUs=,
+    whose drop-in systemd keeps under /run/systemd/transient (and removes with the unit)."""
+    root = host(tmp_path)
+    scope = "/system.slice/run-r3f2.scope"
+    vllm_tree(root, cgroup=scope)
+    unit_file = root / "run/systemd/transient/run-r3f2.scope"
+    unit_file.parent.mkdir(parents=True)
+    unit_file.write_text("[Scope]\n")
+    before = digest(root)
+    prof = load_profile(profile_file(tmp_path))
+    plan, rep = apply_profile(tree_kernel(root), prof)
+    (said,) = notes(plan, "cpuset: partition in place: ")
+    assert f"{scope} (unit run-r3f2.scope, told AllowedCPUs=1-4)" in said, said
+    assert rep.failed == [] and cgroups_of(root) == {scope}
+    dropin = root / "run/systemd/transient/run-r3f2.scope.d/50-AllowedCPUs.conf"
+    assert "AllowedCPUs=1-4" in dropin.read_text()
+    assert not (root / "run/systemd/system.control/run-r3f2.scope.d").exists()
     assert revert_all(tree_kernel(root)).failed == []
     assert digest(root) == before
 
