@@ -901,7 +901,7 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     wait_for("tree.py up", lambda: probe(m)["tree"], timeout=120, every=2)
     before = _unit_state(m)
     assert before["allowed"] == "" and not before["dropin"], before
-    assert before["pids.max"] == "64" and before["memory.max"] == str(160 << 20), before
+    assert before["pids.max"] == ["64"] and before["memory.max"] == [str(160 << 20)], before
     sh(
         m,
         f"rm -rf {CAPTURES}/unit-before && gputunectl capture --stable {CAPTURES}/unit-before",
@@ -988,6 +988,220 @@ def os_alive(m: Machine, pid: int) -> bool:
     OOM-killed worker is, its engine never waiting for it) does not count."""
     res = sh(m, f"grep -s '^State:' /proc/{pid}/status", check=False)
     return res.rc == 0 and "zombie" not in res.out
+
+
+# ---- a container keeps its processes (issue 17, item 2: podman under systemd) ---------------
+
+CT_NAME = "gputuned-vm-ct"
+CT_ROOT = "/var/lib/gputuned-vm-ct/root"
+CT_OUT = "/run/gputuned-vm-ct"
+CT_PROFILE = f"{GUEST_DIR}/vm-container.toml"
+#: An almost empty root: the guest's /usr (read-only) and the test's files are bound in, so
+#: nothing is pulled (the guest has no network) and nothing is copied.
+_CT_ROOT_SETUP = (
+    f"rm -rf {CT_ROOT} {CT_OUT} && mkdir -p {CT_ROOT}/etc {CT_ROOT}/usr {CT_ROOT}/opt/gputuned-vm "
+    f"{CT_ROOT}/out {CT_ROOT}/tmp {CT_OUT} && chmod 1777 {CT_ROOT}/tmp && "
+    f"for d in bin sbin lib lib64; do ln -s usr/$d {CT_ROOT}/$d; done && "
+    f"cp /etc/passwd /etc/group {CT_ROOT}/etc/"
+)
+#: Started detached: the tree (API, engine, worker, resource tracker) in the container, under
+#: the container's memory and task limits; no network, no init process of podman's own.
+CT_RUN = (
+    f"podman run -d --name {CT_NAME} --network none --memory 160m --memory-swap 160m "
+    f"--pids-limit 64 -v /usr:/usr:ro -v {GUEST_DIR}:{GUEST_DIR}:ro -v {CT_OUT}:/out "
+    f"-e TREE_OUT=/out/tree.json --rootfs {CT_ROOT} python3 {GUEST_DIR}/tree.py"
+)
+_CT_STATE = """
+import json, sys
+cg = "/sys/fs/cgroup" + sys.argv[1]
+def r(p):
+    try:
+        return open(p).read().strip()
+    except OSError:
+        return None
+up = "/sys/fs/cgroup" + sys.argv[2]
+out = {n: r(f"{cg}/{n}") for n in ("cpuset.cpus", "cpuset.cpus.partition",
+       "cpuset.cpus.effective", "memory.events")}
+# podman limits: on the scope (MemoryMax=, TasksMax= of systemd) or on the cgroup of crun
+for n in ("pids.max", "memory.max"):
+    out[n] = sorted({r(f"{cg}/{n}"), r(f"{up}/{n}")} - {None, "max"})
+out["procs"] = [int(p) for p in (r(f"{cg}/cgroup.procs") or "").split()]
+out["ours"] = {n: r(f"/sys/fs/cgroup/gputuned.inference/{n}")
+               for n in ("cpuset.cpus.partition", "cpuset.cpus.effective", "cgroup.procs")}
+print(json.dumps(out))
+"""
+
+
+def _ct_scope(m: Machine) -> str:
+    """The cgroup of the container's first process, as /proc/PID/cgroup shows it."""
+    pid = sh(m, f"podman inspect --format '{{{{.State.Pid}}}}' {CT_NAME}").out.strip()
+    return sh(m, f"cat /proc/{pid}/cgroup").out.strip().removeprefix("0::")
+
+
+def _ct_unit(cgroup: str) -> str:
+    """podman's libpod scope: the unit above the container's cgroup (crun's ``container``)."""
+    return next(p for p in cgroup.split("/") if p.startswith("libpod-") and p.endswith(".scope"))
+
+
+def _ct_state(m: Machine, scope: str) -> dict[str, Any]:
+    unit = _ct_unit(scope)
+    up = scope[: scope.index(unit) + len(unit)]
+    data: dict[str, Any] = json.loads(sh(m, f"python3 -c '{_CT_STATE}' {scope} {up}").out)
+    data["allowed"] = show(m, unit, "AllowedCPUs").get("AllowedCPUs")
+    # a transient unit's drop-ins are under /run/systemd/transient (systemd removes them with it)
+    files = [
+        f"/run/systemd/{d}/{unit}.d/50-AllowedCPUs.conf" for d in ("system.control", "transient")
+    ]
+    data["dropin"] = sh(m, f"test -e {files[0]} -o -e {files[1]}", check=False).rc == 0
+    return data
+
+
+def _ct_in_place(m: Machine, scope: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every process of the container's tree in its scope; API, engine and worker nice -10 on
+    2-3; the scope a valid isolated partition on 2-3; nothing in gputuned's cgroup; `podman
+    top` and `systemctl status` of the scope list every process. (probe, scope state)"""
+
+    def placed() -> Any:
+        tree = probe(m)["container_tree"]
+        if not tree or len(tree) < 4:
+            return None
+        for role, p in tree.items():
+            for t in p["tasks"]:
+                if t["cgroup"] != scope:
+                    return None
+                if role != "tracker" and (t["nice"] != -10 or not set(t["affinity"]) <= PARTITION):
+                    return None
+        return tree
+
+    try:
+        tree = wait_for("the container's tree in place", placed, timeout=120, every=2)
+    except AssertionError:
+        got = probe(m)["container_tree"]
+        raise AssertionError(f"not in place in {scope}:\n{json.dumps(got, indent=1)}") from None
+
+    def partition() -> Any:
+        u = _ct_state(m, scope)
+        valid = u["cpuset.cpus.partition"] == "isolated"
+        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
+
+    u = wait_for("the scope an isolated partition on 2-3", partition, timeout=60, every=2)
+    assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
+    pids = {p["pid"] for p in tree.values()}
+    assert pids <= set(u["procs"]), (pids, u["procs"])
+    unit = _ct_unit(scope)
+    status = sh(m, f"systemctl status --no-pager -l {unit}", check=False).out
+    unlisted = [pid for pid in pids if not re.search(rf"\b{pid}\b", status)]
+    assert not unlisted, f"systemctl status does not list {unlisted}:\n{status}"
+    top = sh(m, f"podman top {CT_NAME} hpid").out.split()
+    assert pids <= {int(x) for x in top if x.isdigit()}, (pids, top)
+    return tree, u
+
+
+def test_container_keeps_its_processes(lane: Lane) -> None:
+    m = lane.need("install")
+    with lane.phase(
+        "container keeps its processes",
+        "the tree in a podman container (--memory, --pids-limit; crun under systemd, below its "
+        "libpod scope, Delegate=yes) is made the partition in place: every process stays in "
+        "its cgroup (cgroup.procs, systemctl status, podman top), a valid isolated partition "
+        "on 2-3, systemd told nothing; gputuned stopped: capture equal; a placed child past the "
+        "memory limit OOM-killed in the scope; podman restart placed in place again; podman "
+        "stop leaves no process and nothing in gputuned's cgroup",
+    ) as ph:
+        try:
+            _container_keeps_its_processes(m, ph)
+        finally:
+            sh(m, f"podman rm -f -t 0 {CT_NAME}", check=False, timeout=120)
+            _back_to_the_lane(m)
+
+
+def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
+    t0 = time.monotonic()
+    times: dict[str, float] = {}
+    profile = (HERE / "guest/vm-host.toml").read_text()
+    profile = profile.replace("in_place = false", "in_place = true").replace(
+        f'match.unit = "{TREE_UNIT}"', 'match.cgroup = "/machine.slice"'
+    )
+    assert 'match.cgroup = "/machine.slice"' in profile
+    m.put(CT_PROFILE, profile.encode())
+    sh(m, f"systemctl stop {UNIT} {WORKLOAD} && {_CT_ROOT_SETUP}")
+    version = sh(m, "podman --version").out.strip()
+    # Container first, one-shot apply, then the daemon, as in the unit's phase.
+    sh(m, CT_RUN, timeout=180)
+    wait_for(
+        "tree.py up in the container", lambda: probe(m)["container_tree"], timeout=120, every=2
+    )
+    scope = _ct_scope(m)
+    # crun puts the container below podman's scope (Delegate=yes): /machine.slice/libpod-ID.scope/container
+    assert scope.startswith("/machine.slice/libpod-") and _ct_unit(scope), scope
+    before = _ct_state(m, scope)
+    assert before["allowed"] in ("", None) and not before["dropin"], before
+    assert before["pids.max"] == ["64"] and before["memory.max"] == [str(160 << 20)], before
+    sh(
+        m,
+        f"mkdir -p {CAPTURES} && rm -rf {CAPTURES}/ct-before && gputunectl capture --stable {CAPTURES}/ct-before",
+    )
+    _, plan = ctl_json(m, f"plan {CT_PROFILE}")
+    said = [n for n in plan["notes"] if n.startswith("cpuset: partition in place: ")]
+    assert said and f"{scope} (unit {_ct_unit(scope)}" in said[0], plan["notes"]
+    sh(m, f"gputunectl apply {CT_PROFILE} && systemctl start {UNIT}")
+    tree, u = _ct_in_place(m, scope)
+    # a delegated scope: systemd is told nothing (AllowedCPUs= could not be given back)
+    assert u["allowed"] in ("", None) and not u["dropin"], u
+    assert "Delegate=yes" in said[0], said
+    times["placed"] = time.monotonic() - t0
+    # Stopping gputuned puts the scope back as it was.
+    sh(m, f"systemctl stop {UNIT}")
+    after = _ct_state(m, scope)
+    assert after["allowed"] in ("", None) and not after["dropin"], after
+    assert after["cpuset.cpus.partition"] in ("member", None), after
+    diff = _capture_diff(m, "ct-after-stop", base="ct-before")
+    assert diff == "", f"after gputuned's stop the host differs:\n{diff}"
+    # Daemon running: a placed child past the container's memory limit is OOM-killed there.
+    sh(m, f"systemctl start {UNIT}")
+    tree, _ = _ct_in_place(m, scope)
+    worker = tree["worker"]["pid"]
+    sh(m, f"kill -USR1 {worker}")
+    seen: dict[str, Any] = {}
+
+    def oom_killed() -> Any:
+        u = _ct_state(m, scope)
+        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
+        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
+        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
+
+    try:
+        wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
+    except AssertionError:
+        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
+    # podman restart: new processes, placed in place again.
+    old = {p["pid"] for p in tree.values()}
+    t1 = time.monotonic()
+    sh(m, f"rm -f {CT_OUT}/tree.json && podman restart -t 2 {CT_NAME}", timeout=180)
+    wait_for("tree.py up again", lambda: probe(m)["container_tree"], timeout=120, every=2)
+    scope = _ct_scope(m)
+    tree, _ = _ct_in_place(m, scope)
+    assert not old & {p["pid"] for p in tree.values()}
+    times["restart"] = time.monotonic() - t1
+    # podman stop: nothing of the tree left, nothing in gputuned's cgroup, which takes the CPUs.
+    new = {p["pid"] for p in tree.values()}
+    sh(m, f"podman stop -t 2 {CT_NAME}", timeout=180)
+    left = [pid for pid in new | old if os_alive(m, pid)]
+    assert not left, f"processes outlived podman stop: {left}"
+
+    def held_again() -> Any:
+        got = probe(m)["gputuned_cgroups"].get("gputuned.inference")
+        return got if got and got["partition"] == "isolated" and not got["procs"] else None
+
+    ours = wait_for("gputuned's cgroup holding 2-3 again", held_again, timeout=60, every=2)
+    assert set(ours["effective"]) == PARTITION, ours
+    gone = _ct_state(m, scope)
+    assert not gone["dropin"], f"AllowedCPUs= of the gone scope left behind: {gone}"
+    ph.detail = (
+        f"{version}, crun, systemd cgroups: {scope}; placed in place {times['placed']:.0f} s "
+        f"into the phase; worker OOM-killed at --memory 160m; podman restart placed again in "
+        f"{times['restart']:.0f} s; gputuned's stop = capture"
+    )
 
 
 SELFBIND_UNIT = "gputuned-vm-selfbind.service"

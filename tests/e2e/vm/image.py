@@ -59,6 +59,10 @@ PACKAGES = (
     "zstd",
     "linux-headers-amd64",  # to build gputuned_fakegpu; brings gcc and make along
     "make",
+    # The container phase (issue 17): a server in a podman container, its libpod scope made the
+    # partition in place. crun is podman's default runtime; no network is used (--network none).
+    "podman",
+    "crun",
 )
 #: Modules the initramfs needs to mount the root (virtio-blk, ext4); the rest load from the root.
 INITRD_MODULES = ("virtio_pci", "virtio_blk", "ext4")

@@ -122,6 +122,29 @@ def tree() -> dict[str, Any] | None:
     return {role: {"pid": pid, "tasks": tasks(pid)} for role, pid in json.loads(text).items()}
 
 
+def container_tree() -> dict[str, Any] | None:
+    """tree.py in the podman container: its roles' PIDs as the container sees them
+    (/run/gputuned-vm-ct/tree.json, a folder bound into it), each with its PID here (the one
+    process whose NSpid: line ends with it in the one nested PID namespace of the guest)."""
+    text = read("/run/gputuned-vm-ct/tree.json")
+    if not text:
+        return None
+    here: dict[int, int] = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        ns = [
+            ln.split()[1:]
+            for ln in (read(f"{d}/status") or "").splitlines()
+            if ln.startswith("NSpid:")
+        ]
+        if ns and len(ns[0]) == 2:
+            here[int(ns[0][1])] = int(ns[0][0])
+    out = {}
+    for role, inner in json.loads(text).items():
+        if inner in here:
+            out[role] = {"pid": here[inner], "tasks": tasks(here[inner])}
+    return out
+
+
 def numa_tree() -> dict[str, Any] | None:
     """The tree of gputuned-vm-numa.service (numa_tree.py), by role: its tasks."""
     text = read("/run/gputuned-vm-numa.json")
@@ -212,6 +235,7 @@ print(
             "pcie": {b: pcie(b) for b in sorted(os.listdir("/sys/bus/pci/devices"))},
             "workload": workload(),
             "tree": tree(),
+            "container_tree": container_tree(),
             "numa_tree": numa_tree(),
             "selfbind": selfbind(),
             "gputuned_cgroups": gputuned_cgroups(),

@@ -4,7 +4,8 @@ The API process (this script; the profile's "tree" rule matches its unit and com
 starts an engine with multiprocessing's spawn context, which starts a worker the same way;
 the first spawn also starts Python's resource tracker. Engine and worker rename themselves as
 setproctitle does (/proc/self/comm). When all are up, the PIDs go to /run/gputuned-vm-tree.json
-for the test. Started by gputuned-vm-tree.service.
+for the test (or to $TREE_OUT: in the container phase, a folder the host sees, the PIDs then
+the container's own). Started by gputuned-vm-tree.service, or in a podman container.
 """
 
 import json
@@ -15,7 +16,7 @@ import threading
 import time
 from multiprocessing import resource_tracker
 
-OUT = "/run/gputuned-vm-tree.json"
+OUT = os.environ.get("TREE_OUT", "/run/gputuned-vm-tree.json")
 
 
 def rename(name: str) -> None:
