@@ -901,7 +901,7 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     wait_for("tree.py up", lambda: probe(m)["tree"], timeout=120, every=2)
     before = _unit_state(m)
     assert before["allowed"] == "" and not before["dropin"], before
-    assert before["pids.max"] == ["64"] and before["memory.max"] == [str(160 << 20)], before
+    assert before["pids.max"] == "64" and before["memory.max"] == str(160 << 20), before
     sh(
         m,
         f"rm -rf {CAPTURES}/unit-before && gputunectl capture --stable {CAPTURES}/unit-before",
