@@ -9,18 +9,25 @@ a new interpreter. The module runs as ``__main__`` exactly as ``python3 -m tests
 MODULE`` runs it. A crash point that did not fire would show: every point but the last must
 end in SIGKILL, and the gauntlet asserts that for each.
 
-:class:`Forked` has the part of :class:`subprocess.Popen` the gauntlet uses.
+:class:`Forked` has the part of :class:`subprocess.Popen` the gauntlet uses. The gauntlet starts
+and waits from several threads, and multiprocessing's ``Process.start()`` polls every live child
+of the process: two threads polling one child both read its status pipe, and the one that reads
+second gets end-of-file, which multiprocessing reports as exit status 255 (a SIGKILL seen as
+``exit 255``: test_forked.py). Every start and every poll here holds one lock; waiting for a
+child only watches its pipe, and reads it under the lock.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import runpy
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 #: Imported once, in the forkserver, before any child is forked.
@@ -28,6 +35,9 @@ PRELOAD = ["gputuned.cli.main", "gputuned.daemon.main", "tests.failpoint"]
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(PRELOAD)
+
+#: Held for every ``Process.start()``, ``is_alive()`` and ``close()`` (the module says why).
+_LOCK = threading.Lock()
 
 
 def _child(module: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
@@ -57,17 +67,21 @@ class Forked:
         self._proc = _CTX.Process(
             target=_child, args=(module, args, env, str(self._out), str(self._err))
         )
-        self._proc.start()
+        with _LOCK:
+            self._proc.start()
         self.pid = self._proc.pid
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self._proc.is_alive():
-            self.returncode = self._proc.exitcode
+        if self.returncode is None:
+            with _LOCK:
+                if not self._proc.is_alive():
+                    self.returncode = self._proc.exitcode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._proc.join(timeout)
+        if self.returncode is None:
+            multiprocessing.connection.wait([self._proc.sentinel], timeout)
         if self.poll() is None:
             assert self.pid is not None
             raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout or 0)
@@ -89,7 +103,8 @@ class Forked:
             raise
         out = self._out.read_text(errors="replace")
         err = self._err.read_text(errors="replace")
-        self._proc.close()
+        with _LOCK:
+            self._proc.close()
         self._dir.cleanup()
         return out, err
 
