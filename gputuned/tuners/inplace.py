@@ -41,7 +41,8 @@ process in, and it would get the CPUs); ``partitions = "node"`` or ``"gpu"`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gputuned import errors
@@ -131,18 +132,18 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     cgroups = sorted(where)
     cg = cgroups[0]
     by_gpu = any(movers[claims[p].rule].by_gpu for p in where[cg])
-    why = why_not_in_place(ctx, cgroups, claims, by_gpu=by_gpu)
+    # A `systemctl show` on a live host: asked only where the answer matters, once a plan.
+    delegating = functools.cache(lambda: delegating_unit(ctx, cg) if ctx.kernel.systemd else None)
+    why = why_not_in_place(ctx, cgroups, claims, by_gpu=by_gpu, delegating=delegating)
     if why is not None:
         return Decision(None, why, cg)
+    above = delegating()
     parts = [p for p in cg.split("/") if p]
     ancestors = tuple("/" + "/".join(parts[:i]) for i in range(1, len(parts)))
     unit = unit_of(cg) if ctx.kernel.systemd else None
-    delegated = False
-    if ctx.kernel.systemd:
-        above = delegating_unit(ctx, cg)
-        if above is not None:
-            unit, delegated = above, True
-    return Decision(InPlace(cg, unit, ancestors, delegated), None, cg)
+    if above is not None:
+        unit = above
+    return Decision(InPlace(cg, unit, ancestors, above is not None), None, cg)
 
 
 def delegating_unit(ctx: PlanContext, cg: str) -> str | None:
@@ -164,9 +165,15 @@ def delegating_unit(ctx: PlanContext, cg: str) -> str | None:
 
 
 def why_not_in_place(
-    ctx: PlanContext, cgroups: list[str], claims: Mapping[int, Claim], *, by_gpu: bool
+    ctx: PlanContext,
+    cgroups: list[str],
+    claims: Mapping[int, Claim],
+    *,
+    by_gpu: bool,
+    delegating: Callable[[], str | None],
 ) -> str | None:
-    """Why the server's cgroup cannot be its partition (None: it can)."""
+    """Why the server's cgroup cannot be its partition (None: it can). ``delegating()``: the
+    unit with ``Delegate=yes`` at or above the cgroup (:func:`delegating_unit`)."""
     cfg = ctx.profile.cpuset
     assert cfg is not None and ctx.cgroup.v2_mount is not None
     mount, own = ctx.cgroup.v2_mount, cfg.cgroup
@@ -195,7 +202,7 @@ def why_not_in_place(
         kernel.systemd
         and parts[0].endswith(".slice")
         and unit_of(cg) is None
-        and delegating_unit(ctx, cg) is None
+        and delegating() is None
     ):
         return (
             f"{cg} is not a systemd unit's own cgroup, nor below a unit with Delegate=yes "

@@ -148,6 +148,18 @@ def test_a_podman_containers_cgroup_below_its_delegated_scope(tmp_path: Path) ->
     assert "nor below a unit with Delegate=yes" in said and moves(plan)
 
     unit_file.write_text("[Scope]\nDelegate=yes\n")
+    # systemd is asked once a plan (a `systemctl show` each on a live host).
+    k = tree_kernel(root)
+    asked: list[tuple[str, str]] = []
+    real = k.unit_property
+
+    def counted(unit: str, name: str) -> str | None:
+        asked.append((unit, name))
+        return real(unit, name)
+
+    setattr(k, "unit_property", counted)  # noqa: B010
+    plan_profile(k, prof)
+    assert [a for a in asked if a[1] == "Delegate"] == [("libpod-4c1d9e.scope", "Delegate")]
     before = digest(root)
     plan, rep = apply_profile(tree_kernel(root), prof)
     (said,) = notes(plan, "cpuset: partition in place: ")
