@@ -40,6 +40,7 @@ VENV = vm_image.VENV
 PROFILE = f"{GUEST_DIR}/vm-host.toml"
 WORKLOAD = "gputuned-vm-workload.service"
 TREE_UNIT = "gputuned-vm-tree.service"
+TREE_CGROUP = f"/system.slice/{TREE_UNIT}"
 NUMA_PROFILE = f"{GUEST_DIR}/vm-numa.toml"
 NUMA_UNIT = "gputuned-vm-numa.service"
 #: The guest's NUMA nodes (machine.py: CPUs interleaved) and, in the NUMA phase, what
@@ -723,20 +724,22 @@ def test_kill_mid_apply(lane: Lane) -> None:
         )
 
 
-def _tree(m: Machine, want: str) -> dict[str, Any]:
+def _tree(m: Machine, want: str, *, key: str = "tree", home: str = "") -> dict[str, Any]:
     """Wait until every process of the tree is ``want`` ("placed", "in place" or "home"); its
-    probe. "in place": all in the unit, API, engine and worker nice -10 on 2-3.
+    probe. "in place": all in ``home`` (the unit's cgroup; the container's, whose tree the
+    probe has under ``key`` "container_tree"), API, engine and worker nice -10 on 2-3.
 
     "placed": in the partition, nice -10, on its CPUs; the resource tracker (left out) in its
     unit, nice 0, on what its cgroup allows while the partition holds 2-3: CPUs 0-1. "home":
     all in the unit, nice 0, on CPUs 0-3 (a pin left over would show once the partition is
     gone: the kernel gives a task its own mask back when its cpuset grows)."""
-    home = f"/system.slice/{TREE_UNIT}"
+    home = home or TREE_CGROUP
 
     def check() -> Any:
         st = probe(m)
-        tree = st["tree"]
-        if not tree or any(not p["tasks"] for p in tree.values()):
+        tree = st[key]
+        # API, engine, worker and the resource tracker, each found with its tasks
+        if not tree or len(tree) < 4 or any(not p["tasks"] for p in tree.values()):
             return None
         for role, p in tree.items():
             for t in p["tasks"]:
@@ -761,7 +764,7 @@ def _tree(m: Machine, want: str) -> dict[str, Any]:
         st = wait_for(f"the tree {want}", check, timeout=120, every=2)
     except AssertionError:
         raise AssertionError(
-            f"the tree is not {want}:\n{json.dumps(probe(m)['tree'], indent=1)}"
+            f"the tree is not {want} ({home}):\n{json.dumps(probe(m)[key], indent=1)}"
         ) from None
     assert isinstance(st, dict)
     return st
@@ -823,32 +826,97 @@ def test_process_tree(lane: Lane) -> None:
 #: memory is OOM-killed in the unit's cgroup; OOMPolicy=continue keeps the rest running.
 UNIT_LIMITS = "[Service]\nMemoryMax=160M\nMemorySwapMax=0\nTasksMax=64\nOOMPolicy=continue\n"
 LIMITS_DROPIN = f"/run/systemd/system/{TREE_UNIT}.d/50-gputuned-vm-limits.conf"
-ALLOWED_DROPIN = f"/run/systemd/system.control/{TREE_UNIT}.d/50-AllowedCPUs.conf"
 INPLACE_PROFILE = f"{GUEST_DIR}/vm-inplace.toml"
-#: What the kernel says of the unit's cgroup and gputuned's, as JSON (the guest's python3).
-_UNIT_STATE = f"""
-import json, os
-cg = "/sys/fs/cgroup/system.slice/{TREE_UNIT}"
+#: What the kernel says of a cgroup ``argv[1]`` and gputuned's, as JSON (the guest's python3).
+#: Limits may be on the cgroup or on the unit's cgroup above it (``argv[2]``: podman sets
+#: MemoryMax=/TasksMax= on its scope, or crun writes them below): each a sorted list of both.
+_CG_STATE = """
+import json, sys
+cg, up = "/sys/fs/cgroup" + sys.argv[1], "/sys/fs/cgroup" + sys.argv[2]
 def r(p):
     try:
         return open(p).read().strip()
     except OSError:
         return None
-out = {{n: r(f"{{cg}}/{{n}}") for n in ("cpuset.cpus", "cpuset.cpus.partition",
-       "cpuset.cpus.effective", "pids.max", "pids.current", "memory.max", "memory.events")}}
-out["procs"] = [int(p) for p in (r(f"{{cg}}/cgroup.procs") or "").split()]
-out["ours"] = {{n: r(f"/sys/fs/cgroup/gputuned.inference/{{n}}")
-               for n in ("cpuset.cpus.partition", "cpuset.cpus.effective", "cgroup.procs")}}
-out["dropin"] = os.path.exists("{ALLOWED_DROPIN}")
+out = {n: r(f"{cg}/{n}") for n in ("cpuset.cpus", "cpuset.cpus.partition",
+       "cpuset.cpus.effective", "pids.current", "memory.events")}
+for n in ("pids.max", "memory.max"):
+    out[n] = sorted({r(f"{cg}/{n}"), r(f"{up}/{n}")} - {None, "max"})
+out["procs"] = [int(p) for p in (r(f"{cg}/cgroup.procs") or "").split()]
+out["ours"] = {n: r(f"/sys/fs/cgroup/gputuned.inference/{n}")
+               for n in ("cpuset.cpus.partition", "cpuset.cpus.effective", "cgroup.procs")}
 print(json.dumps(out))
 """
 
 
-def _unit_state(m: Machine) -> dict[str, Any]:
-    res = sh(m, f"python3 -c '{_UNIT_STATE}'")
-    data: dict[str, Any] = json.loads(res.out)
-    data["allowed"] = show(m, TREE_UNIT, "AllowedCPUs")["AllowedCPUs"]
+def _unit_above(cgroup: str) -> str:
+    """The unit whose cgroup is ``cgroup`` or holds it (podman's libpod scope holds crun's
+    ``container``)."""
+    return next(p for p in reversed(cgroup.split("/")) if p.endswith((".service", ".scope")))
+
+
+def _cg_state(m: Machine, cgroup: str) -> dict[str, Any]:
+    """:data:`_CG_STATE` of ``cgroup``, with its unit's AllowedCPUs= and whether a drop-in of
+    gputuned's sets it (a transient unit's drop-ins are under /run/systemd/transient, which
+    systemd removes with the unit)."""
+    unit = _unit_above(cgroup)
+    up = cgroup[: cgroup.index(unit) + len(unit)]
+    data: dict[str, Any] = json.loads(sh(m, f"python3 -c '{_CG_STATE}' {cgroup} {up}").out)
+    data["allowed"] = show(m, unit, "AllowedCPUs").get("AllowedCPUs")
+    files = [
+        f"/run/systemd/{d}/{unit}.d/50-AllowedCPUs.conf" for d in ("system.control", "transient")
+    ]
+    data["dropin"] = sh(m, f"test -e {files[0]} -o -e {files[1]}", check=False).rc == 0
     return data
+
+
+def _partitioned(m: Machine, cgroup: str, pids: set[int]) -> dict[str, Any]:
+    """Wait until ``cgroup`` is a valid isolated partition on CPUs 2-3 holding ``pids``, with
+    nothing in gputuned's cgroup (a member), and `systemctl status` of its unit lists each."""
+
+    def partition() -> Any:
+        u = _cg_state(m, cgroup)
+        valid = u["cpuset.cpus.partition"] == "isolated"
+        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
+
+    u = wait_for(f"{cgroup} an isolated partition on 2-3", partition, timeout=60, every=2)
+    assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
+    assert u["ours"]["cpuset.cpus.partition"] in ("member", None), u
+    assert pids <= set(u["procs"]), (pids, u["procs"])
+    unit = _unit_above(cgroup)
+    status = sh(m, f"systemctl status --no-pager -l {unit}", check=False).out
+    unlisted = [pid for pid in pids if not re.search(rf"\b{pid}\b", status)]
+    assert not unlisted, f"systemctl status does not list {unlisted}:\n{status}"
+    return u
+
+
+def _oom_killed(m: Machine, cgroup: str, worker: int) -> None:
+    """The placed worker, told to take memory past its cgroup's limit, OOM-killed there."""
+    sh(m, f"kill -USR1 {worker}")
+    seen: dict[str, Any] = {}
+
+    def killed() -> Any:
+        u = _cg_state(m, cgroup)
+        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
+        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
+        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
+
+    try:
+        wait_for("the worker OOM-killed", killed, timeout=60, every=2)
+    except AssertionError:
+        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
+
+
+def _held_again(m: Machine) -> None:
+    """Once the server is gone: gputuned's cgroup is the isolated partition on 2-3 again,
+    holding no process."""
+
+    def held() -> Any:
+        got = probe(m)["gputuned_cgroups"].get("gputuned.inference")
+        return got if got and got["partition"] == "isolated" and not got["procs"] else None
+
+    ours = wait_for("gputuned's cgroup holding 2-3 again", held, timeout=60, every=2)
+    assert set(ours["effective"]) == PARTITION, ours
 
 
 def _in_place(m: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -856,20 +924,7 @@ def _in_place(m: Machine) -> tuple[dict[str, Any], dict[str, Any]]:
     valid isolated partition on CPUs 2-3; API, engine and worker nice -10 on 2-3; nothing in
     gputuned's cgroup, which is a member without CPUs. Returns (probe, unit state)."""
     st = _tree(m, "in place")
-
-    def partition() -> Any:
-        u = _unit_state(m)
-        valid = u["cpuset.cpus.partition"] == "isolated"
-        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
-
-    u = wait_for("the unit's cgroup an isolated partition on 2-3", partition, timeout=60, every=2)
-    assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
-    assert u["ours"]["cpuset.cpus.partition"] in ("member", None), u
-    pids = {p["pid"] for p in st["tree"].values()}
-    assert pids <= set(u["procs"]), (pids, u["procs"])
-    status = sh(m, f"systemctl status --no-pager -l {TREE_UNIT}", check=False).out
-    unlisted = [pid for pid in pids if not re.search(rf"\b{pid}\b", status)]
-    assert not unlisted, f"systemctl status does not list {unlisted}:\n{status}"
+    u = _partitioned(m, TREE_CGROUP, {p["pid"] for p in st["tree"].values()})
     return st, u
 
 
@@ -899,9 +954,9 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     sh(m, f"systemctl stop {UNIT} {WORKLOAD} && systemctl daemon-reload")
     sh(m, f"systemctl start {TREE_UNIT}")
     wait_for("tree.py up", lambda: probe(m)["tree"], timeout=120, every=2)
-    before = _unit_state(m)
+    before = _cg_state(m, TREE_CGROUP)
     assert before["allowed"] == "" and not before["dropin"], before
-    assert before["pids.max"] == "64" and before["memory.max"] == str(160 << 20), before
+    assert before["pids.max"] == ["64"] and before["memory.max"] == [str(160 << 20)], before
     sh(
         m,
         f"rm -rf {CAPTURES}/unit-before && gputunectl capture --stable {CAPTURES}/unit-before",
@@ -918,7 +973,7 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     _in_place(m)
     # Stopping gputuned puts the unit back as it was.
     sh(m, f"systemctl stop {UNIT}")
-    after = _unit_state(m)
+    after = _cg_state(m, TREE_CGROUP)
     assert after["allowed"] == "" and not after["dropin"], after
     assert after["cpuset.cpus"] in ("", None) and after["cpuset.cpus.partition"] in (
         "member",
@@ -929,21 +984,7 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     # Daemon running: a placed child past MemoryMax= is OOM-killed in the unit's cgroup.
     sh(m, f"systemctl start {UNIT}")
     st, _ = _in_place(m)
-    worker = st["tree"]["worker"]["pid"]
-    sh(m, f"kill -USR1 {worker}")
-
-    seen: dict[str, Any] = {}
-
-    def oom_killed() -> Any:
-        u = _unit_state(m)
-        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
-        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
-        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
-
-    try:
-        wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
-    except AssertionError:
-        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
+    _oom_killed(m, TREE_CGROUP, st["tree"]["worker"]["pid"])
     # restart: the new processes are placed in place again.
     old = {p["pid"] for p in st["tree"].values()}
     t1 = time.monotonic()
@@ -956,14 +997,8 @@ def _unit_keeps_its_processes(m: Machine, ph: Phase) -> None:
     sh(m, f"systemctl stop {TREE_UNIT}")
     left = [pid for pid in new | old if os_alive(m, pid)]
     assert not left, f"processes outlived systemctl stop: {left}"
-
-    def held_again() -> Any:
-        got = probe(m)["gputuned_cgroups"].get("gputuned.inference")
-        return got if got and got["partition"] == "isolated" and not got["procs"] else None
-
-    ours = wait_for("gputuned's cgroup holding 2-3 again", held_again, timeout=60, every=2)
-    assert set(ours["effective"]) == PARTITION, ours
-    gone = _unit_state(m)
+    _held_again(m)
+    gone = _cg_state(m, TREE_CGROUP)
     assert not gone["dropin"] and gone["allowed"] == "", gone
     ph.detail = (
         f"placed in place {times['placed']:.0f} s into the phase; worker OOM-killed "
@@ -1011,25 +1046,6 @@ CT_RUN = (
     f"--pids-limit 64 -v /usr:/usr:ro -v {GUEST_DIR}:{GUEST_DIR}:ro -v {CT_OUT}:/out "
     f"-e TREE_OUT=/out/tree.json --rootfs {CT_ROOT} python3 {GUEST_DIR}/tree.py"
 )
-_CT_STATE = """
-import json, sys
-cg = "/sys/fs/cgroup" + sys.argv[1]
-def r(p):
-    try:
-        return open(p).read().strip()
-    except OSError:
-        return None
-up = "/sys/fs/cgroup" + sys.argv[2]
-out = {n: r(f"{cg}/{n}") for n in ("cpuset.cpus", "cpuset.cpus.partition",
-       "cpuset.cpus.effective", "memory.events")}
-# podman limits: on the scope (MemoryMax=, TasksMax= of systemd) or on the cgroup of crun
-for n in ("pids.max", "memory.max"):
-    out[n] = sorted({r(f"{cg}/{n}"), r(f"{up}/{n}")} - {None, "max"})
-out["procs"] = [int(p) for p in (r(f"{cg}/cgroup.procs") or "").split()]
-out["ours"] = {n: r(f"/sys/fs/cgroup/gputuned.inference/{n}")
-               for n in ("cpuset.cpus.partition", "cpuset.cpus.effective", "cgroup.procs")}
-print(json.dumps(out))
-"""
 
 
 def _ct_scope(m: Machine) -> str:
@@ -1038,60 +1054,14 @@ def _ct_scope(m: Machine) -> str:
     return sh(m, f"cat /proc/{pid}/cgroup").out.strip().removeprefix("0::")
 
 
-def _ct_unit(cgroup: str) -> str:
-    """podman's libpod scope: the unit above the container's cgroup (crun's ``container``)."""
-    return next(p for p in cgroup.split("/") if p.startswith("libpod-") and p.endswith(".scope"))
-
-
-def _ct_state(m: Machine, scope: str) -> dict[str, Any]:
-    unit = _ct_unit(scope)
-    up = scope[: scope.index(unit) + len(unit)]
-    data: dict[str, Any] = json.loads(sh(m, f"python3 -c '{_CT_STATE}' {scope} {up}").out)
-    data["allowed"] = show(m, unit, "AllowedCPUs").get("AllowedCPUs")
-    # a transient unit's drop-ins are under /run/systemd/transient (systemd removes them with it)
-    files = [
-        f"/run/systemd/{d}/{unit}.d/50-AllowedCPUs.conf" for d in ("system.control", "transient")
-    ]
-    data["dropin"] = sh(m, f"test -e {files[0]} -o -e {files[1]}", check=False).rc == 0
-    return data
-
-
 def _ct_in_place(m: Machine, scope: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every process of the container's tree in its scope; API, engine and worker nice -10 on
     2-3; the scope a valid isolated partition on 2-3; nothing in gputuned's cgroup; `podman
     top` and `systemctl status` of the scope list every process. (probe, scope state)"""
 
-    def placed() -> Any:
-        tree = probe(m)["container_tree"]
-        if not tree or len(tree) < 4:
-            return None
-        for role, p in tree.items():
-            for t in p["tasks"]:
-                if t["cgroup"] != scope:
-                    return None
-                if role != "tracker" and (t["nice"] != -10 or not set(t["affinity"]) <= PARTITION):
-                    return None
-        return tree
-
-    try:
-        tree = wait_for("the container's tree in place", placed, timeout=120, every=2)
-    except AssertionError:
-        got = probe(m)["container_tree"]
-        raise AssertionError(f"not in place in {scope}:\n{json.dumps(got, indent=1)}") from None
-
-    def partition() -> Any:
-        u = _ct_state(m, scope)
-        valid = u["cpuset.cpus.partition"] == "isolated"
-        return u if valid and cpulist(u["cpuset.cpus.effective"]) == PARTITION else None
-
-    u = wait_for("the scope an isolated partition on 2-3", partition, timeout=60, every=2)
-    assert u["ours"]["cgroup.procs"] in ("", None), f"a process in gputuned's cgroup: {u}"
+    tree = _tree(m, "in place", key="container_tree", home=scope)["container_tree"]
     pids = {p["pid"] for p in tree.values()}
-    assert pids <= set(u["procs"]), (pids, u["procs"])
-    unit = _ct_unit(scope)
-    status = sh(m, f"systemctl status --no-pager -l {unit}", check=False).out
-    unlisted = [pid for pid in pids if not re.search(rf"\b{pid}\b", status)]
-    assert not unlisted, f"systemctl status does not list {unlisted}:\n{status}"
+    u = _partitioned(m, scope, pids)
     top = sh(m, f"podman top {CT_NAME} hpid").out.split()
     assert pids <= {int(x) for x in top if x.isdigit()}, (pids, top)
     return tree, u
@@ -1133,8 +1103,8 @@ def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
     )
     scope = _ct_scope(m)
     # crun puts the container below podman's scope (Delegate=yes): /machine.slice/libpod-ID.scope/container
-    assert scope.startswith("/machine.slice/libpod-") and _ct_unit(scope), scope
-    before = _ct_state(m, scope)
+    assert scope.startswith("/machine.slice/libpod-") and _unit_above(scope), scope
+    before = _cg_state(m, scope)
     assert before["allowed"] in ("", None) and not before["dropin"], before
     assert before["pids.max"] == ["64"] and before["memory.max"] == [str(160 << 20)], before
     sh(
@@ -1143,7 +1113,7 @@ def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
     )
     _, plan = ctl_json(m, f"plan {CT_PROFILE}")
     said = [n for n in plan["notes"] if n.startswith("cpuset: partition in place: ")]
-    assert said and f"{scope} (unit {_ct_unit(scope)}" in said[0], plan["notes"]
+    assert said and f"{scope} (unit {_unit_above(scope)}" in said[0], plan["notes"]
     sh(m, f"gputunectl apply {CT_PROFILE} && systemctl start {UNIT}")
     tree, u = _ct_in_place(m, scope)
     # a delegated scope: systemd is told nothing (AllowedCPUs= could not be given back)
@@ -1152,7 +1122,7 @@ def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
     times["placed"] = time.monotonic() - t0
     # Stopping gputuned puts the scope back as it was.
     sh(m, f"systemctl stop {UNIT}")
-    after = _ct_state(m, scope)
+    after = _cg_state(m, scope)
     assert after["allowed"] in ("", None) and not after["dropin"], after
     assert after["cpuset.cpus.partition"] in ("member", None), after
     diff = _capture_diff(m, "ct-after-stop", base="ct-before")
@@ -1160,20 +1130,7 @@ def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
     # Daemon running: a placed child past the container's memory limit is OOM-killed there.
     sh(m, f"systemctl start {UNIT}")
     tree, _ = _ct_in_place(m, scope)
-    worker = tree["worker"]["pid"]
-    sh(m, f"kill -USR1 {worker}")
-    seen: dict[str, Any] = {}
-
-    def oom_killed() -> Any:
-        u = _ct_state(m, scope)
-        ev = dict(ln.split() for ln in (u["memory.events"] or "").splitlines())
-        seen.update(events=ev, procs=u["procs"], alive=os_alive(m, worker))
-        return int(ev.get("oom_kill", 0)) >= 1 and not seen["alive"]
-
-    try:
-        wait_for("the worker OOM-killed", oom_killed, timeout=60, every=2)
-    except AssertionError:
-        raise AssertionError(f"worker {worker} not OOM-killed: {seen}") from None
+    _oom_killed(m, scope, tree["worker"]["pid"])
     # podman restart: new processes, placed in place again.
     old = {p["pid"] for p in tree.values()}
     t1 = time.monotonic()
@@ -1188,14 +1145,8 @@ def _container_keeps_its_processes(m: Machine, ph: Phase) -> None:
     sh(m, f"podman stop -t 2 {CT_NAME}", timeout=180)
     left = [pid for pid in new | old if os_alive(m, pid)]
     assert not left, f"processes outlived podman stop: {left}"
-
-    def held_again() -> Any:
-        got = probe(m)["gputuned_cgroups"].get("gputuned.inference")
-        return got if got and got["partition"] == "isolated" and not got["procs"] else None
-
-    ours = wait_for("gputuned's cgroup holding 2-3 again", held_again, timeout=60, every=2)
-    assert set(ours["effective"]) == PARTITION, ours
-    gone = _ct_state(m, scope)
+    _held_again(m)
+    gone = _cg_state(m, scope)
     assert not gone["dropin"], f"AllowedCPUs= of the gone scope left behind: {gone}"
     ph.detail = (
         f"{version}, crun, systemd cgroups: {scope}; placed in place {times['placed']:.0f} s "
