@@ -10,7 +10,7 @@ one) and sees every call gputuned makes through it:
 - ``inject(path, op, errno)``: ``op`` ("read", "write", "mkdir", "rmdir") on ``path`` fails
   with ``errno`` from now on; thread operations and remounts are writes to their pseudo-path;
   "drop" makes a write "succeed" and store nothing (a register field the device keeps
-  read-only). A tree's ``gputuned-tree.json`` may list such faults under ``inject`` (for fault
+  read-only; a thread that sets its own CPUs back at once). A tree's ``gputuned-tree.json`` may list such faults under ``inject`` (for fault
   tests through the command line): ``[{"path": ..., "op": "write", "errno": "EIO"}]``;
 - a failpoint, ``kill-before-write:N`` / ``kill-after-write:N``: SIGKILL this process just
   before or just after its N-th write. A process gets it from ``GPUTUNED_FAILPOINT`` through
@@ -173,7 +173,8 @@ class FaultKernel(KernelBase):
     def _thread_op(self, tid: int, what: str, data: str, run: Callable[[], None]) -> None:
         hpath = where(self.inner.thread_group(tid), tid, what)
         self._check_fault("write", hpath)
-        run()
+        if not self._dropped(hpath):  # "drop": as if the thread set its own value back at once
+            run()
         self._wrote(WriteRecord(hpath, data.encode()))
 
     def _dropped(self, hpath: str) -> bool:

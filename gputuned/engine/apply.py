@@ -28,7 +28,7 @@ from gputuned.engine.revert import (
 )
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
-from gputuned.settings.base import Op, ReadBackMismatch, Reused
+from gputuned.settings.base import Op, ReadBackMismatch, Reused, SetBack
 from gputuned.settings.registry import (
     expand,
     holds,
@@ -140,6 +140,13 @@ def _commit(
         else:
             started()
         ok, seen = holds(kernel, op, op.value, just_written=True)
+        if not ok and setting(op.kind).set_back(kernel, op, old):
+            raise SetBack(
+                f"{op.target}: wrote {op.value!r}, and it was back on {seen!r} when read "
+                "back: the process sets its own (a drift check repairs it; a process that keeps "
+                "doing so is left to it: self_binding)",
+                path=op.path,
+            )
         if not ok:
             raise ReadBackMismatch(
                 f"{op.target}: wrote {op.value!r}, reads back {seen!r}", path=op.path
@@ -387,9 +394,10 @@ class _Writer:
         self.report.written.append({"target": op.target, "old": old, "new": op.value})
 
     def fail(self, ch: Change, op: Op, exc: errors.GputunedError) -> None:
-        """Record a failed op. Unless it is skipped (its process is gone), not possible here,
-        or ``keep_going``: undo this call's writes and raise ApplyError."""
-        if isinstance(exc, (errors.TargetGone, Reused)):
+        """Record a failed op. Unless it is skipped (its process is gone, or it set its own
+        value back at once: SetBack), not possible here, or ``keep_going``: undo this call's
+        writes and raise ApplyError."""
+        if isinstance(exc, (errors.TargetGone, Reused, SetBack)):
             if setting(op.kind).placement or setting(op.kind).borrowed:
                 self.report.skipped.append({"target": op.target, "reason": str(exc)})
                 return

@@ -65,6 +65,11 @@ class ReadBackMismatch(errors.HostError):
     """The write returned success but the machine reads back something else."""
 
 
+class SetBack(ReadBackMismatch):
+    """Read back right after the write, the value is the one before it: the process set its
+    own back at once (an engine that binds its own CPUs, as it starts a worker)."""
+
+
 def check_identity(kernel: Kernel, op: Op) -> None:
     """(pid, start time) must still match; a PID can be reused (proc(5) field 22, starttime)."""
     pid, start = op.data["pid"], op.data["start"]
@@ -163,6 +168,12 @@ class Setting:
     def not_possible(self, op: Op, exc: errors.GputunedError) -> str | None:
         """Why ``exc`` (a failed write of ``op``) is a limit of this machine, or None."""
         return None
+
+    def set_back(self, kernel: Kernel, op: Op, old: str) -> bool:
+        """After a write that does not read back: does the machine hold ``old`` again, because
+        the target set its own value back at once? Only a kind a process sets on itself says
+        so; for the rest a wrong read-back is the write's own failure."""
+        return False
 
     def refusal(self, op: Op, value: str) -> str | None:
         """Why revert must not write ``value`` through ``op`` (None: one gputuned writes)."""

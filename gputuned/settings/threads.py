@@ -145,6 +145,12 @@ class Affinity(ThreadAttribute):
         thread keeps when it moves back and its cgroup gets CPUs back."""
         return value != DEFAULT_AFFINITY and super().holds_already(kernel, op, value)
 
+    def set_back(self, kernel: Kernel, op: Op, old: str) -> bool:
+        """The kernel sets a thread's CPUs as asked (narrowed to what its cpuset allows, which
+        reads back as neither value) or refuses; back on its old CPUs right after the write,
+        the thread was set back by its process, or by whoever else binds it."""
+        return self.holds(kernel, op, old)[0]
+
     def original(self, kernel: Kernel, op: Op) -> str:
         now = super().original(kernel, op)  # and the process's identity checked
         if op.data.get("planned_old") == DEFAULT_AFFINITY:

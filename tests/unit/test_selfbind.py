@@ -291,3 +291,49 @@ def test_status_repeats_the_plan_warning_for_a_placed_engine(tmp_path: Path) -> 
     (warning,) = d._status()["binding_warnings"]
     assert warning.startswith(f"process[server]: pid {API} (python3) will bind its own CPUs")
     d.stop()
+
+
+def test_cpus_set_back_at_the_write_itself_are_skipped_not_failed(tmp_path: Path) -> None:
+    """An engine that binds its workers as it starts them may set a thread's CPUs back between
+    gputuned's write and its read-back (seen in the QEMU lane: `apply` exit 3, "wrote '2-3',
+    reads back '0-3'"). Back on its own CPUs at once, the thread was set back by its process:
+    skipped with that reason, nothing journaled for it, the rest applied (the daemon's drift
+    check finds it as it finds any reset: the QEMU lane's self-binding phase)."""
+    from gputuned.engine.apply import apply_profile
+    from gputuned.engine.journal import Journal
+    from gputuned.kernel.tasks import where
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    api(root)
+    k = tree_kernel(root)
+    tids = [t.tid for t in read_process(k, API).threads]
+    for tid in tids:
+        k.inject(where(API, tid, "affinity"), "drop", 0)
+    _, rep = apply_profile(k, load_profile(profile_file(tmp_path)))
+    assert rep.failed == [], rep.failed
+    set_back = [s for s in rep.skipped if "the process sets its own" in s["reason"]]
+    assert len(set_back) == len(tids), rep.skipped
+    assert all(f"pid {API}" in s["target"] and "affinity" in s["target"] for s in set_back)
+    assert state(root, API) == (PART, {-10}, {ALL}), "nice and cgroup applied, CPUs its own"
+    kinds = {e.op.kind for e in Journal(tree_kernel(root)).entries() if e.op.data.get("pid") == API}
+    assert "nice" in kinds and "affinity" not in kinds, kinds
+
+
+def test_a_write_that_reads_back_neither_value_still_fails(tmp_path: Path) -> None:
+    """Only the old value read back counts as set back: a write that left some third value
+    (nothing a thread's own sched_setaffinity and the kernel's narrowing explain together)
+    is the write's failure, as before."""
+    from gputuned.engine.apply import apply_profile
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    api(root)
+    k = tree_kernel(root)
+    real = k.set_affinity
+
+    def elsewhere(tid: int, cpus: frozenset[int]) -> None:
+        real(tid, frozenset({3}) if cpus == INFERENCE else cpus)
+
+    setattr(k, "set_affinity", elsewhere)  # noqa: B010
+    _, rep = apply_profile(k, load_profile(profile_file(tmp_path)), keep_going=True)
+    wrong = [f for f in rep.failed if "reads back '3'" in f["error"]]
+    assert wrong and not [s for s in rep.skipped if "sets its own" in s["reason"]], rep
