@@ -10,8 +10,9 @@ one) and sees every call gputuned makes through it:
 - ``inject(path, op, errno)``: ``op`` ("read", "write", "mkdir", "rmdir") on ``path`` fails
   with ``errno`` from now on; thread operations and remounts are writes to their pseudo-path;
   "drop" makes a write "succeed" and store nothing (a register field the device keeps
-  read-only; a thread that sets its own CPUs back at once). A tree's ``gputuned-tree.json`` may list such faults under ``inject`` (for fault
-  tests through the command line): ``[{"path": ..., "op": "write", "errno": "EIO"}]``;
+  read-only; a thread that sets its own CPUs back at once). A tree's ``gputuned-tree.json``
+  may list such faults under ``inject`` (for fault tests through the command line):
+  ``[{"path": ..., "op": "write", "errno": "EIO"}]``;
 - a failpoint, ``kill-before-write:N`` / ``kill-after-write:N``: SIGKILL this process just
   before or just after its N-th write. A process gets it from ``GPUTUNED_FAILPOINT`` through
   :mod:`tests.failpoint`, which makes every kernel gputuned opens one of these.

@@ -140,9 +140,7 @@ def decide(ctx: PlanContext, claims: Mapping[int, Claim]) -> Decision:
     above = delegating()
     parts = [p for p in cg.split("/") if p]
     ancestors = tuple("/" + "/".join(parts[:i]) for i in range(1, len(parts)))
-    unit = unit_of(cg) if ctx.kernel.systemd else None
-    if above is not None:
-        unit = above
+    unit = above or (unit_of(cg) if ctx.kernel.systemd else None)
     return Decision(InPlace(cg, unit, ancestors, above is not None), None, cg)
 
 
