@@ -19,8 +19,9 @@
 # block ~45 s; the server shape with both orders adds a window and a fresh server (~40 s) per
 # block. So: heavy 6 single ~6.5 min; others 2 single ~6.5 min; heavy 3 server ~6.5 min.
 #
-# Writes OUTDIR/matrix-SLICE-SHAPE/matrix.json (every window's tokens kept, for --merge) and
-# matrix.png; prints each run's table; `capture --stable` before and after must be identical.
+# Writes OUTDIR/matrix-SLICE-SHAPE/matrix.json (a "," of SLICE as "-": the device tool does not
+# copy back a name with a comma; every window's tokens kept, for --merge) and matrix.png; prints
+# each run's table; `capture --stable` before and after must be identical.
 # Blocks of several calls are pooled with
 #   python3 benchmarks/matrix.py --merge OUT1/.../matrix.json OUT2/.../matrix.json
 # TRYOUT=1: the CPU stand-in and sub-second windows (checks the script, measures nothing);
@@ -58,7 +59,7 @@ for shape in "${shapes[@]}"; do
   fi
   echo "== $shape (at ${SECONDS} s, ${left} s left)"
   # The benchmark's deadline leaves 20 s to stop the worker and the noise after its last block.
-  dir=$out/matrix-$slice-$shape
+  dir=$out/matrix-${slice//,/-}-$shape
   mkdir -p "$dir"
   timeout --kill-after=20 "$left" python3 benchmarks/matrix.py --out "$dir" \
     --scenarios "$scenarios" --blocks "$blocks" --deadline $(($(date +%s) + left - 20)) \
