@@ -2,7 +2,7 @@
 filesystem other super options.
 
 The one mount gputuned changes is the cgroup v2 hierarchy's, for ``favordynmods``
-(:mod:`gputuned.tuners.cpuset`). The kernel port's ``remount`` is the public door
+(:mod:`gputuned.tuners.favordynmods`). The kernel port's ``remount`` is the public door
 (:meth:`gputuned.kernel.base.KernelBase.start_remount`); it finds the mount and builds the
 call here, then makes it: ``mount(2)`` with ``MS_REMOUNT`` through libc on the machine
 (:mod:`gputuned.kernel.live`), a rewrite of the tree's mountinfo and /proc/mounts lines as the

@@ -82,18 +82,13 @@ from pydantic import (
     field_validator,
 )
 
-from gputuned import errors
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
-from gputuned.kernel import Kernel, mounts
-from gputuned.kernel.system import Partition, has_exclusive_cpus, valid_partitions
+from gputuned.kernel.system import has_exclusive_cpus, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
-from gputuned.tuners import inplace
+from gputuned.tuners import favordynmods, inplace, partconflict
 
 _CGROUP_PART = re.compile(r"[^/\s]+")
-_CGROUP_NS = "/proc/self/ns/cgroup"
-#: The initial cgroup namespace's inode is fixed: PROC_CGROUP_INIT_INO (include/linux/proc_ns.h).
-_INIT_CGROUP_NS = "cgroup:[4026531835]"
 
 
 class Config(BaseModel):
@@ -205,14 +200,7 @@ class CpusetTuner:
         if cfg is None:
             return out
         if cfg.favordynmods:
-            if _moves_nothing(ctx, cfg):
-                out.notes.append(
-                    "cpuset.favordynmods: not planned: this profile moves no process between "
-                    "cgroup v2 groups here (mode 'affinity', or its partition falls back to "
-                    "per-thread affinity), so the remount would only make forks and exits slower"
-                )
-            else:
-                _plan_favordynmods(ctx, cfg, out)
+            favordynmods.plan(ctx, cfg, self.name, out)
         if cfg.mode == "none" or cfg.cpus is None:
             return out
         cpus = ctx.sets.sets[cfg.cpus]
@@ -247,7 +235,7 @@ class CpusetTuner:
             return out
         shared = shared_cpus(parts)
         if shared:
-            out.refused.append(_shared_refusal(self.name, cfg, shared))
+            out.refused.append(partconflict.shared_refusal(self.name, cfg, shared))
             return out
         self._plan_controller(ctx, layout.v2_mount, cfg.report_only, out)
         ours = {p.cgroup for p in parts}
@@ -269,9 +257,11 @@ class CpusetTuner:
             if ctx.original(f"borrowed_cpuset:{layout.v2_mount}/{p.cgroup}/cpuset.cpus.partition")
             is not None
         }
-        held = _held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
+        held = partconflict.held_by_others(ctx.kernel, layout.v2_mount, ours, cpus)
         if held:
-            out.refused.append(_held_refusal(self.name, cfg, cpus, layout.v2_mount, held))
+            out.refused.append(
+                partconflict.held_refusal(self.name, cfg, cpus, layout.v2_mount, held)
+            )
         return out
 
     def _plan_controller(self, ctx: PlanContext, mount: str, ro: bool, out: TunerPlan) -> None:
@@ -378,117 +368,3 @@ class CpusetTuner:
                     in_sync=same,
                 )
             )
-
-
-def _moves_nothing(ctx: PlanContext, cfg: Config) -> bool:
-    """No move into a gputuned cgroup will happen: mode "affinity", or a partition mode on a
-    host that cannot make the partition (gputuned falls back to pinning threads)."""
-    if cfg.mode == "affinity":
-        return True
-    if cfg.mode == "none" or cfg.cpus is None:
-        return False
-    return not ctx.cgroup.partitions_possible or ctx.cgroup.v2_mount is None
-
-
-def _plan_favordynmods(ctx: PlanContext, cfg: Config, out: TunerPlan) -> None:
-    """The cgroup2 mount's super options with favordynmods added (a remount; see the module)."""
-    point = ctx.cgroup.v2_mount
-    target = f"cgroup2 mount options ({point or 'not mounted'})"
-    try:
-        if point is None:
-            raise errors.NotSupported(
-                f"no cgroup v2 hierarchy is mounted (cgroup mode: {ctx.cgroup.mode})"
-            )
-        mount = mounts.find(ctx.kernel, point, "cgroup2")
-        wanted = mounts.with_option(mount.super_options, "favordynmods")
-        if wanted != mount.super_options:
-            _check_remount(ctx.kernel, mount, wanted)
-    except errors.HostError as exc:
-        out.refused.append(Refusal(CpusetTuner.name, target, f"not possible here: {exc}"))
-        return
-    out.changes.append(
-        Change(
-            CpusetTuner.name,
-            target,
-            mount.super_options,
-            wanted,
-            "moving a process between cgroups stops waiting for an RCU grace period "
-            "(cpuset.favordynmods; forks and exits get slower)",
-            point,
-            cfg.report_only,
-            kind="mount",
-            compare="options",
-            data={"fstype": "cgroup2"},
-            in_sync=wanted == mount.super_options,
-        )
-    )
-
-
-def _check_remount(kernel: Kernel, mount: mounts.Mount, wanted: str) -> None:
-    """NotSupported where remounting ``mount`` with ``wanted`` cannot work on this host."""
-    features = kernel.read_optional(mounts.CGROUP_FEATURES)
-    if features is not None and "favordynmods" not in features.split():
-        raise errors.NotSupported(
-            f"this kernel has no favordynmods (Linux 6.0+; {mounts.CGROUP_FEATURES} does not "
-            "list it)"
-        )
-    try:
-        ns = kernel.readlink(_CGROUP_NS)
-    except errors.HostError:  # a tree without it, or a kernel without cgroup namespaces
-        ns = _INIT_CGROUP_NS
-    if ns != _INIT_CGROUP_NS:
-        raise errors.NotSupported(
-            f"gputuned runs in a cgroup namespace of its own ({ns}); the kernel takes cgroup2 "
-            "mount options only from the initial one (apply_cgroup_root_flags())"
-        )
-    mounts.remount_call(mount, wanted)  # refuses a mount that one remount cannot keep as it is
-
-
-def _shared_refusal(
-    tuner: str, cfg: Config, pairs: list[tuple[PartitionSpec, PartitionSpec]]
-) -> Refusal:
-    shown = "; ".join(
-        f"{a.cgroup} and {b.cgroup} on {format_cpulist(a.cpus & b.cpus)}" for a, b in pairs
-    )
-    return Refusal(
-        tuner,
-        f"partitions {cfg.cgroup}.*",
-        f"set {cfg.cpus!r} gives some GPUs the same CPUs ({shown}) and two partitions cannot "
-        "share a CPU; use partitions = 'node', or give the set more cores per GPU",
-        blocking=not cfg.report_only,
-    )
-
-
-def _held_by_others(
-    kernel: Kernel, mount: str, ours: set[str], cpus: frozenset[int]
-) -> list[Partition]:
-    """Valid partitions other than ours that hold any of ``cpus``.
-
-    Our own cgroups, their ancestors (a nested partition takes its CPUs from them) and their
-    descendants (partitions made inside ours) do not count.
-    """
-
-    def related(other: str) -> bool:
-        return any(
-            other == cg or cg.startswith(other + "/") or other.startswith(cg + "/") for cg in ours
-        )
-
-    return [p for p in valid_partitions(kernel, mount) if p.cpus & cpus and not related(p.cgroup)]
-
-
-def _held_refusal(
-    tuner: str, cfg: Config, cpus: frozenset[int], mount: str, held: list[Partition]
-) -> Refusal:
-    taken = frozenset().union(*(p.cpus & cpus for p in held))
-    who = "; ".join(f"{mount}/{p.cgroup} ({p.kind}, holds {format_cpulist(p.cpus)})" for p in held)
-    first = f"{mount}/{held[0].cgroup}"
-    reason = (
-        f"CPUs {format_cpulist(taken)} of set {cfg.cpus!r} ({format_cpulist(cpus)}) are held by "
-        f"another valid partition: {who}. Taking them would end that partition (the kernel "
-        f"turns it 'root invalid' and it stays so). Give [cpusets.{cfg.cpus}] other CPUs "
-        f"(leave out {format_cpulist(taken)}), or remove that partition first "
-        f"(echo member > {first}/cpuset.cpus.partition)"
-    )
-    if cfg.report_only:
-        return Refusal(tuner, f"partition {cfg.cgroup}", f"report only: {reason}")
-    return Refusal(tuner, f"partition {cfg.cgroup}", reason, blocking=True)
