@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import gputuned.engine.apply as apply_mod
+import applysteps
+
 import gputuned.engine.plan as engine_mod
 from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.journal import Journal
@@ -43,13 +44,15 @@ class Breakdown:
     """Wraps apply's phases (module functions) and sums their time per round, while
     ``active`` (the apply; revert calls some of the same functions)."""
 
+    # Each phase: its label, then its names (benchmarks/applysteps.py: this version's, then an
+    # earlier one's, for scripts/device/applytime.sh, which times other checkouts too).
     PHASES = (
-        "check_state_files",
-        "plan_profile",
-        "_prepare",
-        "_commit",
-        "_restore_leftovers",
-        "_record",
+        ("check_state_files", "check_state_files", "check_state_files"),
+        ("plan_profile", "plan_profile", "plan_profile"),
+        ("_prepare", "prepare", "_prepare"),
+        ("_commit", "commit", "_commit"),
+        ("_restore_leftovers", "_restore_leftovers", "_restore_leftovers"),
+        ("_record", "record_applied", "_record"),
     )
 
     # What plan_profile reads, shown as "plan: ..." lines inside its total.
@@ -66,8 +69,9 @@ class Breakdown:
         self.round: defaultdict[str, float] = defaultdict(float)
         self.rounds: list[dict[str, float]] = []
         self.active = False
-        for name in self.PHASES:
-            setattr(apply_mod, name, self._timed(name, getattr(apply_mod, name)))
+        mods = applysteps.modules()
+        for label, *names in self.PHASES:
+            applysteps.wrap(mods, tuple(names), lambda fn, label=label: self._timed(label, fn))
         for name in self.PLAN_READS:
             setattr(engine_mod, name, self._timed(f"plan: {name}", getattr(engine_mod, name)))
         Journal.compact = self._timed("journal.compact", Journal.compact)  # type: ignore[method-assign]

@@ -126,9 +126,10 @@ class Tracer:
 
 def install(tracer: Tracer) -> None:
     """Wrap the daemon's placement path (module attributes, looked up at call time)."""
+    import applysteps
+
     import gputuned.daemon.core as daemon_mod
     import gputuned.daemon.keeper as keeper_mod
-    import gputuned.engine.apply as apply_mod
     import gputuned.service.procwatch as pw
     from gputuned.engine.journal import Journal
 
@@ -169,25 +170,29 @@ def install(tracer: Tracer) -> None:
     for mod, name, label in (
         (keeper_mod, "plan_processes", "plan"),
         (daemon_mod, "forget_process", "forget exited"),
-        (apply_mod, "write", lambda _h, op, _v: f"write: {op.kind}"),
     ):
         setattr(mod, name, tracer.wrap(label, getattr(mod, name)))
-    apply_mod._prepare = tracer.wrap("journal: read old", apply_mod._prepare)
-    apply_mod._holds = tracer.wrap("check: held already", apply_mod._holds)
-    # _commit is the write and its read-back; the write itself is timed inside it.
-    apply_mod._commit = tracer.wrap(
-        lambda _h, _j, op, *_: f"read-back: {op.kind}", apply_mod._commit
-    )
+    # One op's steps, wherever this version keeps them (benchmarks/applysteps.py).
+    mods = applysteps.modules()
+    for names, label in (
+        (("write",), lambda _h, op, _v: f"write: {op.kind}"),
+        (("prepare", "_prepare"), "journal: read old"),
+        (("already_held", "_holds"), "check: held already"),
+        # commit is the write and its read-back; the write itself is timed inside it.
+        (("commit", "_commit"), lambda _h, _j, op, *_: f"read-back: {op.kind}"),
+    ):
+        applysteps.wrap(mods, names, lambda fn, label=label: tracer.wrap(label, fn))
     Journal.flush = tracer.wrap("journal: append+fsync", Journal.flush)  # type: ignore[method-assign]
     Journal.compact = tracer.wrap("journal: compact", Journal.compact)  # type: ignore[method-assign]
-    written = apply_mod._Writer.written
+    writer = applysteps.find(mods, ("Writer", "_Writer"))
+    written = writer.written
 
     def count(self: Any, *a: Any) -> None:
         written(self, *a)
         if tracer.rec is not None:
             tracer.rec["writes"] += 1
 
-    apply_mod._Writer.written = count  # type: ignore[method-assign,assignment]
+    writer.written = count
 
 
 # ---- reading a trace back: where each start's time went --------------------------------------

@@ -1,0 +1,45 @@
+"""What an apply reports: :class:`ApplyReport` (written, skipped, not possible here, failed,
+leftovers restored, rolled back) and :class:`ApplyError`, the failure that carries it.
+
+Data only: the writer (:mod:`gputuned.engine.writer`) fills the report, ``apply_profile``
+(:mod:`gputuned.engine.apply`) hands it to the caller and records what is not possible here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputuned import errors
+
+__all__ = ["ApplyError", "ApplyReport"]
+
+
+class ApplyError(errors.GputunedError):
+    """An apply failed part-way; what it had written is reverted unless --keep-going."""
+
+    def __init__(self, message: str, report: ApplyReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class ApplyReport:
+    written: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # exited or reused processes
+    not_possible: dict[str, dict[str, str]] = field(default_factory=dict)  # setting key -> why
+    failed: list[dict[str, str]] = field(default_factory=list)
+    restored: list[dict[str, str]] = field(default_factory=list)  # leftovers of another profile
+    rolled_back: bool = False
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "written": self.written,
+            "skipped": self.skipped,
+            "not_possible": self.not_possible,
+            "failed": self.failed,
+            "restored": self.restored,
+            "rolled_back": self.rolled_back,
+            "seconds": round(self.seconds, 4),
+        }
