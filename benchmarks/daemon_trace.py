@@ -129,7 +129,7 @@ def install(tracer: Tracer) -> None:
     import applysteps
 
     import gputuned.daemon.core as daemon_mod
-    import gputuned.daemon.keeper as keeper_mod
+    import gputuned.daemon.placing as placing_mod
     import gputuned.service.procwatch as pw
     from gputuned.engine.journal import Journal
 
@@ -168,7 +168,7 @@ def install(tracer: Tracer) -> None:
     daemon_cls._on_proc_events = _on_proc_events  # type: ignore[method-assign]
     daemon_cls._place = _place  # type: ignore[method-assign]
     for mod, name, label in (
-        (keeper_mod, "plan_processes", "plan"),
+        (placing_mod, "plan_processes", "plan"),
         (daemon_mod, "forget_process", "forget exited"),
     ):
         setattr(mod, name, tracer.wrap(label, getattr(mod, name)))

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from gputuned import __version__, errors
+from gputuned.daemon import placing
 from gputuned.daemon.access import VERIFY_CACHE_S, profile_from_request, request_flag
 from gputuned.daemon.keeper import Keeper
 from gputuned.daemon.selfbind import BindWatch
@@ -110,7 +111,7 @@ class ControlHandlers(Keeper):
                 )
             tree = {pid} | _descendants(self.claims, pid)
             for p in tree:
-                self._drop(p)
+                placing.drop(self, p)
             self.registered.pop(pid, None)
             return restore_processes(self.kernel, tree, self.journal).to_json()
         if self.profile is None or not self.profile.process:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from gputuned import errors
+from gputuned.daemon import placing
 from gputuned.daemon.access import metrics_allowed
 from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.daemon.control import ControlHandlers, _pid
@@ -249,18 +250,18 @@ class Daemon(ControlHandlers):
                 # carries over); exec and a new name: what it is may have changed (a spawned
                 # child running its target, setproctitle).
                 new.append(ev.pid)
-            elif ev.kind == "thread" and ev.pid in self.claims and self._places(ev.pid):
+            elif ev.kind == "thread" and ev.pid in self.claims and placing.places(self, ev.pid):
                 # A thread: placed like its process, that thread alone (issue 14, finding 6:
                 # re-reading every thread at each new one made a thread storm quadratic),
                 # a few hundred a turn of the loop (_place_threads).
                 self._threads.setdefault(ev.pid, set()).add(ev.tid)
-            elif ev.kind == "exit" and ev.pid == ev.tid and self._forget(ev.pid):
+            elif ev.kind == "exit" and ev.pid == ev.tid and placing.forget(self, ev.pid):
                 n = forget_process(self.kernel, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
                 assert self.journal is not None
                 self.journal.compact_if_grown()
             elif ev.kind == "exit" and ev.pid in self.claims:
-                ended.extend(self._forget_thread(ev.pid, ev.tid))
+                ended.extend(placing.forget_thread(self, ev.pid, ev.tid))
 
     def _place_threads(self) -> None:
         """Place up to THREADS_A_TURN of the new threads, then give the loop back: a

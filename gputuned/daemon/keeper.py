@@ -1,29 +1,29 @@
 """What the daemon knows and how it keeps a profile applied: load it, apply it in full,
-check for drift, place new processes and threads (and forget them), and the timers
-(watchdog, drift, NVML) that trigger these. See :mod:`gputuned.daemon`."""
+check for drift, and the timers (watchdog, drift, NVML, GPU-use scan) that trigger these.
+Placing new processes and threads between full applies is daemon/placing.py's. See
+:mod:`gputuned.daemon`."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from gputuned import errors
-from gputuned.daemon.inplace import replan_if_moved, say_decision
+from gputuned.daemon import placing
+from gputuned.daemon.inplace import say_decision
 from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
 from gputuned.engine.apply import (
     ApplyReport,
     apply_profile,
-    apply_settings,
     read_active,
     read_state,
     revert_all,
 )
 from gputuned.engine.changes import Change, PlanContext
 from gputuned.engine.journal import Journal
-from gputuned.engine.plan import plan_processes, plan_profile, read_context
+from gputuned.engine.plan import plan_profile, read_context
 from gputuned.engine.verify import verify_plan
 from gputuned.kernel import Kernel
 from gputuned.profile.load import load_profile, parse_profile
@@ -39,10 +39,7 @@ from gputuned.settings.registry import expand, holds
 from gputuned.store.state import ACTIVE, HostLock
 from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
-from gputuned.tuners.gpuplace import tree_roots
-from gputuned.tuners.neighbours import capped_servers
-from gputuned.tuners.process import Claim, claim_processes
-from gputuned.tuners.selfbind import warnings_for
+from gputuned.tuners.process import Claim
 from gputuned.tuners.spread import Held, held_threads
 
 log = logging.getLogger("gputuned")
@@ -193,10 +190,10 @@ class Keeper:
         for f in report.failed:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
         self._keep_alive()
-        self._refresh_placed()
+        placing.refresh_placed(self)
         self.binding_warnings = {}
-        self._warn_binding(sorted(self.claims))
-        self._settle_gpu_use()
+        placing.warn_binding(self, sorted(self.claims))
+        placing.settle_gpu_use(self)
         self._verify()
         self._keep_alive()
         return report
@@ -236,15 +233,10 @@ class Keeper:
         """Processes placed by a rule (matched or descendants): pid -> start time."""
         return {pid: c.start for pid, c in self.claims.items() if c.role != "excluded"}
 
-    def _refresh_placed(self) -> None:
-        """The claims of a full plan; a registration whose process is gone goes with it."""
-        assert self.ctx is not None
-        self.claims = claim_processes(self.ctx)
-        self.registered = {
-            pid: reg
-            for pid, reg in self.registered.items()
-            if pid in self.claims and self.claims[pid].start == reg[0]
-        }
+    def _place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
+        """Plan and apply ``pids`` (``threads``: only these new threads of each): every
+        placement comes through here, into daemon/placing.py."""
+        placing.place(self, pids, why, threads)
 
     def _verify(self) -> None:
         assert self.profile is not None
@@ -269,163 +261,6 @@ class Keeper:
             if not failed
             else f"degraded {name}: {failed} setting(s) not in place (gputunectl verify)"
         )
-
-    def _place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
-        """Plan and apply ``pids`` (``threads``: only these new threads of each)."""
-        if self.profile is None or self.ctx is None or not self.profile.process:
-            return
-        t0 = time.perf_counter()
-        ctx = dataclasses.replace(
-            self.ctx,
-            claimed=self.claims,
-            registered=self.registered,
-            held=self.held,
-            self_bound=self.binds.self_bound(),
-        )
-        settings, claims = plan_processes(ctx, pids, threads)
-        self.claims.update(claims)
-        if threads is None:
-            self._warn_binding(pids)
-        if claims and replan_if_moved(self):  # daemon/inplace.py
-            return
-        if not settings:
-            return
-        self._keep(settings, merge=threads is not None)
-        report = ApplyReport()
-        assert self.journal is not None
-        apply_settings(self.kernel, self.journal, settings, report, keep_going=True, batch=True)
-        capped = capped_servers(self.kernel, self.settings, settings)
-        if capped:  # it started in a cgroup [neighbours] caps: plan the neighbours again
-            self._reapply(f"placed process(es) {capped} run in a cgroup [neighbours] caps")
-        if report.written:
-            self.counters["placements"] += 1
-            log.info(
-                "daemon: placed %s (%s): %d write(s) in %.1f ms",
-                pids,
-                why,
-                len(report.written),
-                (time.perf_counter() - t0) * 1e3,
-            )
-
-    def _keep(self, settings: list[Change], *, merge: bool = False) -> None:
-        """A placement's settings join those the drift check re-reads, replacing the same
-        settings planned earlier (a thread moved off the CPU a new main thread took).
-        ``merge``: the settings of some new threads only; they join their process's."""
-        mine = [c for c in settings if not c.report_only]
-        if merge:
-            mine = [c for c in mine if not self._merged(c)]
-        keys = {c.key for c in mine}
-        if keys:
-            self.settings = [c for c in self.settings if c.key not in keys] + mine
-        self.held.update(held_threads(mine))
-
-    def _merged(self, ch: Change) -> bool:
-        """Add the threads of ``ch`` to the same setting of their process (in place: a new
-        thread costs the daemon its own values, not a copy of all the others)."""
-        have = self._by_key.get(ch.key)
-        if have is None or ch.kind != "thread":
-            return False
-        for k in ("threads", "old", "origin"):
-            have.data.setdefault(k, {}).update(ch.data.get(k, {}))
-        for pid, h in held_threads([ch]).items():
-            was = self.held.get(pid)
-            if was is not None and was.start == h.start:
-                was.threads.update(h.threads)
-            else:
-                self.held[pid] = h
-        return True
-
-    def _forget_thread(self, pid: int, tid: int) -> list[str]:
-        """A thread of a placed process ended: its settings go, and the journal keys returned
-        (dropped by the caller, all at once), so that the journal holds the threads alive, not
-        every thread there ever was (issue 14, finding 6); compaction keeps the file within
-        twice that plus 256 lines (Journal.compact_if_grown)."""
-        start = self.claims[pid].start
-        self._threads.get(pid, set()).discard(tid)
-        keys = []
-        for attr in ("nice", "policy", "affinity"):  # the per-thread settings
-            keys.append(f"thread:{pid}:{start}:{tid}:{attr}")
-            ch = self._by_key.get(f"thread:{pid}:{start}:{attr}")
-            if ch is not None:
-                for k in ("threads", "old", "origin"):
-                    ch.data.get(k, {}).pop(tid, None)
-        held = self.held.get(pid)
-        if held is not None:
-            held.threads.pop(tid, None)
-        return keys
-
-    def _places(self, pid: int) -> bool:
-        return self.claims[pid].role != "excluded"
-
-    def _forget(self, pid: int) -> bool:
-        was_claimed = self._drop(pid)
-        return self.registered.pop(pid, None) is not None or was_claimed
-
-    def _drop(self, pid: int) -> bool:
-        """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
-        self.held.pop(pid, None)
-        self._threads.pop(pid, None)
-        self.binds.forget(pid)
-        self.binding_warnings.pop(pid, None)
-        if self.claims.pop(pid, None) is None:
-            return False
-        self.settings = [
-            c for c in self.settings if c.tuner != "process" or c.data.get("pid") != pid
-        ]
-        return True
-
-    def _settle_gpu_use(self) -> None:
-        """After a full apply, place the ``by_gpu`` trees once more against this context's
-        reading of their GPU use: a GPU opened between the apply's plan and now would
-        otherwise look unchanged to every later scan (nothing is written where nothing
-        changed)."""
-        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
-            return
-        rules = {r.name for r in self.profile.process if r.by_gpu}
-        mine = sorted(pid for pid, c in self.claims.items() if c.rule in rules)
-        if mine:
-            self._place(mine, "GPU use at apply")
-
-    def _gpu_scan(self) -> None:
-        """``by_gpu`` rules: has a process placed by one, and without a GPU open then, opened
-        one since? The kernel announces no open(2), so the device nodes of those processes are
-        read again (tuners/gpuuse.py); a change re-plans the whole tree, since its processes
-        that use no GPU go with the GPUs the tree uses. NVML's answers change with the full
-        re-plan every nvml_interval_s."""
-        if self.profile is None or self.ctx is None or self.ctx.gpu_use is None:
-            return
-        rules = {r.name for r in self.profile.process if r.by_gpu}
-        use = self.ctx.gpu_use
-        # Only processes that have not opened a GPU yet: one that has is placed on it, and
-        # reading every descriptor of every worker each scan would cost the most on the
-        # busiest processes (a CUDA process may later open its peers' nodes too).
-        mine = [pid for pid, c in self.claims.items() if c.rule in rules and pid not in use.opened]
-        if not mine:
-            return
-        before = {pid: use.of(pid) for pid in mine}
-        use.forget(set(mine))
-        changed = [pid for pid in mine if use.of(pid) != before[pid]]
-        if not changed:
-            return
-        roots = tree_roots(self.claims)
-        trees = {roots.get(pid, pid) for pid in changed}
-        for pid in changed:
-            log.info(
-                "daemon: pid %d now uses GPU(s) %s (was %s)",
-                pid,
-                sorted(use.of(pid)) or "none",
-                sorted(before[pid]) or "none",
-            )
-        self._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
-
-    def _warn_binding(self, pids: list[int]) -> None:
-        """The plan's warning for those of ``pids`` a rule matches that will bind themselves,
-        kept for status (tuners/selfbind.py: their command lines and environments are read
-        again, since a process renamed or exec'd may be another engine now)."""
-        for pid in pids:
-            self.binding_warnings.pop(pid, None)
-        if self.ctx is not None:
-            self.binding_warnings.update(warnings_for(self.ctx, self.claims, pids))
 
     def _check_self_binding(self) -> tuple[set[str], set[int]]:
         """The drift check of placed processes' CPUs (daemon/selfbind.py): the settings read,
@@ -496,5 +331,5 @@ class Keeper:
             self._reapply("nvml")
             self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
         if self._next.get("gpuscan", float("inf")) <= t:
-            self._gpu_scan()
+            placing.gpu_scan(self)
             self._next["gpuscan"] = now() + self.profile.daemon.gpu_scan_interval_s

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gputuned.cpulist import parse_cpulist
+from gputuned.daemon import placing
 from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.plan import PlanResult, plan_profile
@@ -419,13 +420,13 @@ def test_a_worker_that_opens_its_gpu_later_is_moved_to_it(tmp_path: Path, events
     ).read_text() == "0::/user.slice/user-0.slice/session-1.scope\n"
     assert "Cpus_allowed_list:\t0,16,32,48" in (root / f"proc/{worker}/status").read_text()
     opens(root, worker, "/dev/nvidiactl", f"/dev/nvidia{MINOR[6]}")
-    d._gpu_scan()
+    placing.gpu_scan(d)
     assert (root / f"proc/{worker}/cgroup").read_text() == "0::/gputuned.inference.gpu6\n"
     assert f"Cpus_allowed_list:\t{MEMBER[6]}" in (root / f"proc/{worker}/status").read_text()
     assert (root / "proc/5000/cgroup").read_text() == "0::/gputuned.inference.gpu6\n"
     assert d.ctx is not None and d.ctx.gpu_use is not None
     assert worker in d.ctx.gpu_use.opened  # it has its GPU: later scans leave it alone
-    d._gpu_scan()
+    placing.gpu_scan(d)
     assert d.stop() == 0
     for pid in (5000, 5001, worker):
         assert "Cpus_allowed_list:\t0-63" in (root / f"proc/{pid}/status").read_text()
