@@ -159,9 +159,9 @@ def install(tracer: Tracer) -> None:
         finally:
             tracer.end()
 
-    def _place(self: Any, pids: list[int], why: str) -> None:
+    def _place(self: Any, pids: list[int], why: str, **kw: Any) -> None:
         n = self.counters["placements"]
-        place(self, pids, why)
+        place(self, pids, why, **kw)  # kw: threads=, for a process's new threads
         if tracer.rec is not None and self.counters["placements"] > n:
             tracer.rec["pids"] += pids
 
