@@ -102,6 +102,16 @@ MASKED_UNITS = (
     "systemd-binfmt.service",
     "kmod-static-nodes.service",
     "systemd-pstore.service",
+    # Services podman and netavark enable that start at boot and end by themselves a little
+    # later (netavark's DHCP proxy after 30 s idle, podman's API service after 5 s) or on a
+    # timer: a cgroup in system.slice that is there in one capture and gone in the next. The
+    # container phase runs podman itself, with --network none.
+    "netavark-dhcp-proxy.service",
+    "netavark-dhcp-proxy.socket",
+    "podman.service",
+    "podman.socket",
+    "podman-auto-update.service",
+    "podman-auto-update.timer",
 )
 BLACKLIST = (
     "ahci", "libahci", "lpc_ich", "i2c_i801", "i2c_smbus", "iTCO_wdt", "iTCO_vendor_support",
