@@ -6,7 +6,6 @@ run does not use are started on their own with a deadline, to show they end by t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import struct
@@ -19,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests import benchscript
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "noisy_neighbor.py"
@@ -33,11 +34,7 @@ def gone(pid: int) -> bool:
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("noisy_neighbor", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchscript.load("noisy_neighbor")
 
 
 def png_size(data: bytes) -> tuple[int, int]:

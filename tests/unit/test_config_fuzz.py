@@ -6,26 +6,20 @@ passes on the current code and fails when inspect stops naming unreadable fields
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests import benchscript
 from tests.conftest import TREES_DIR
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "config_fuzz.py"
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("config_fuzz", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["config_fuzz"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return benchscript.load("config_fuzz", register=True)
 
 
 def h200() -> bytes:

@@ -5,28 +5,15 @@ wrong, and the table's verdicts follow the goal. Nothing is run or measured here
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchscript import load
 
-
-def load() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("matrix_glance", BENCH / "matrix_glance.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-mg = load()
+mg = load("matrix_glance")
 
 
 def shipped() -> dict[str, Any]:
