@@ -44,15 +44,16 @@ class Breakdown:
     """Wraps apply's phases (module functions) and sums their time per round, while
     ``active`` (the apply; revert calls some of the same functions)."""
 
-    # Each phase: its label, then its names (benchmarks/applysteps.py: this version's, then an
-    # earlier one's, for scripts/device/applytime.sh, which times other checkouts too).
+    # Each phase by its names, the first also its label: an earlier checkout's, then this
+    # one's where it differs (benchmarks/applysteps.py; scripts/device/applytime.sh times
+    # other checkouts too).
     PHASES = (
-        ("check_state_files", "check_state_files", "check_state_files"),
-        ("plan_profile", "plan_profile", "plan_profile"),
-        ("_prepare", "prepare", "_prepare"),
-        ("_commit", "commit", "_commit"),
-        ("_restore_leftovers", "_restore_leftovers", "_restore_leftovers"),
-        ("_record", "record_applied", "_record"),
+        ("check_state_files",),
+        ("plan_profile",),
+        ("_prepare", "prepare"),
+        ("_commit", "commit"),
+        ("_restore_leftovers",),
+        ("_record", "record_applied"),
     )
 
     # What plan_profile reads, shown as "plan: ..." lines inside its total.
@@ -70,8 +71,8 @@ class Breakdown:
         self.rounds: list[dict[str, float]] = []
         self.active = False
         mods = applysteps.modules()
-        for label, *names in self.PHASES:
-            applysteps.wrap(mods, tuple(names), lambda fn, label=label: self._timed(label, fn))
+        for names in self.PHASES:
+            applysteps.wrap(mods, names, lambda fn, label=names[0]: self._timed(label, fn))
         for name in self.PLAN_READS:
             setattr(engine_mod, name, self._timed(f"plan: {name}", getattr(engine_mod, name)))
         Journal.compact = self._timed("journal.compact", Journal.compact)  # type: ignore[method-assign]

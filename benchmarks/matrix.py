@@ -48,6 +48,8 @@ SCENARIOS = ("baseline", "cpu", "net", "disk", "heavy", "pinned")
 #: The noise kind each scenario's blocks run under (pinned: inside heavy's blocks).
 NOISE_OF = {"baseline": "none", "pinned": "heavy"}
 GOAL_TOK, GOAL_P99 = nn.GOAL_TOK, 1.05
+#: Blocks a verdict needs: under heavy noise (and pinned, in heavy's blocks), elsewhere.
+NEED_HEAVY, NEED = 6, 2
 #: Figures summarised per condition (medians over blocks).
 ABSOLUTE = ("tok_s", "p99_ms", "runq_ms_per_token", "invol_cs_per_1k", "vol_cs_per_1k")
 
@@ -60,9 +62,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--blocks", type=int, default=2, help="paired blocks per scenario")
-    ap.add_argument("--need", type=int, default=2, help="blocks a verdict needs (default 2)")
     ap.add_argument(
-        "--need-heavy", type=int, default=6, help="blocks a heavy or pinned verdict needs"
+        "--need", type=int, default=NEED, help=f"blocks a verdict needs (default {NEED})"
+    )
+    ap.add_argument(
+        "--need-heavy",
+        type=int,
+        default=NEED_HEAVY,
+        help=f"blocks a heavy or pinned verdict needs (default {NEED_HEAVY})",
     )
     ap.add_argument("--deadline", type=float, help="skip blocks that would end after this")
     ap.add_argument(
@@ -283,16 +290,22 @@ def figure(matrix_rows: list[dict[str, Any]], path: Path, title: str) -> str:
     return nn.plot(series, path, title, goal_p99=GOAL_P99, legend="{}")
 
 
-def merge(mine: argparse.Namespace) -> int:
-    """One summary over the blocks of several runs (calls of the device tool): each block's
-    ratios are to its own clean windows, so blocks of different runs pool as they are."""
+def pooled_windows(paths: list[Path]) -> list[dict[str, Any]]:
+    """The windows of several runs' matrix.json, their rounds renamed RUN.ROUND so that blocks
+    of different runs stay apart, each with its tokens' latencies (``--keep-latencies``)."""
     windows: list[dict[str, Any]] = []
-    for i, path in enumerate(mine.merge, 1):
-        doc = json.loads(path.read_text())
-        for w in doc["windows"]:
+    for i, path in enumerate(paths, 1):
+        for w in json.loads(path.read_text())["windows"]:
             if "lat_ms" not in w:
                 sys.exit(f"{path}: windows without their tokens; run with --keep-latencies")
             windows.append({**w, "round": f"{i}.{w['round']}", "_lat": w["lat_ms"]})
+    return windows
+
+
+def merge(mine: argparse.Namespace) -> int:
+    """One summary over the blocks of several runs (calls of the device tool): each block's
+    ratios are to its own clean windows, so blocks of different runs pool as they are."""
+    windows = pooled_windows(mine.merge)
     if not windows:
         sys.exit("nothing to merge: no finished block in those files")
     summary = summarizer(mine)(windows)

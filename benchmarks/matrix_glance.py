@@ -79,7 +79,7 @@ def spread(v: list[float], n: int) -> dict[str, float]:
 
 
 def verdict(r: dict[str, Any]) -> str:
-    need = 6 if r["scenario"] == "heavy" else 2
+    need = mx.NEED_HEAVY if r["scenario"] == "heavy" else mx.NEED
     return mx.verdict(spread(r["tok_s_x"], r["blocks"]), spread(r["p99_x"], r["blocks"]), need)
 
 
@@ -152,11 +152,8 @@ def figure(doc: dict[str, Any], path: Path, title: str) -> str:
 
 def recomputed(doc: dict[str, Any], base: Path, run: str) -> dict[tuple[str, str], Any]:
     """The rows of one run, from the windows of its kept matrix.json files."""
-    windows: list[dict[str, Any]] = []
-    for i, name in enumerate(doc.get("files", {}).get(run, []), 1):
-        for w in json.loads((base / name).read_text())["windows"]:
-            windows.append({**w, "round": f"{i}.{w['round']}", "_lat": w["lat_ms"]})
-    ns = argparse.Namespace(scenarios=list(mx.SCENARIOS), need=2, need_heavy=6)
+    windows = mx.pooled_windows([base / name for name in doc.get("files", {}).get(run, [])])
+    ns = argparse.Namespace(scenarios=list(mx.SCENARIOS), need=mx.NEED, need_heavy=mx.NEED_HEAVY)
     rows = mx.summarizer(ns)(windows)["rows"]
     return {(r["scenario"], r["condition"]): r for r in rows}
 
