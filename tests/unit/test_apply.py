@@ -211,7 +211,8 @@ def test_switching_profiles_writes_only_the_difference(tmp_path: Path) -> None:
     host = tree_kernel(root)
     plan_b = plan_profile(tree_kernel(root), b)
     _, report = apply_profile(host, b)
-    changed = {k for k in digest(root) if digest(root)[k] != mid.get(k)}
+    after = digest(root)
+    changed = {k for k, v in after.items() if v != mid.get(k)}
     # IRQ 42 -> CPU 1 and IRQ 43 -> CPU 2 are the same under both profiles: never touched.
     assert "proc/irq/42/smp_affinity_list" not in changed
     assert not [w for w in host.writes if w.path == "/proc/irq/42/smp_affinity_list"]
