@@ -9,6 +9,10 @@ python3 and ca-certificates, nothing else), as root, in a copy of this checkout:
 - command 2 runs with the lanes switched off (``GPUTUNED_LANES=off``, so that it does not start
   this lane again inside): lint, types and every other test must pass there.
 
+Then, in a second fresh root of each release (nothing run before it), the package is built and
+installed as docs/systemd.md writes it (``scripts/build-deb``, ``apt install ./dist/...``), and
+used: ``gputunectl list`` and ``plan shared-host`` from the package, its docs in place.
+
 Both releases run at once, each in its own root (the tests that change the live kernel take a
 lock that the roots share, tests/conftest.py), and each release's seconds are printed in a table
 at the end of the run.
@@ -31,6 +35,7 @@ from tests.e2e.quickstart.roots import (
     RELEASES,
     fresh_root,
     missing_tools,
+    package_commands,
     readme_commands,
     remove_stale_runs,
 )
@@ -53,6 +58,7 @@ class Outcome:
     root: str = ""
     command_1: float | None = None
     command_2: float | None = None
+    package: float | None = None
     summary: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -64,13 +70,17 @@ class _Table:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
         tr.section("README quick start on fresh Debian roots")
-        tr.write_line(f"  {'release':<20} {'root':<15} {'command 1':>9} {'command 2':>9}  result")
+        tr.write_line(
+            f"  {'release':<20} {'root':<15} {'command 1':>9} {'command 2':>9} {'package':>9}  result"
+        )
         for o in self.outcomes.values():
-            c1 = f"{o.command_1:.0f} s" if o.command_1 is not None else "-"
-            c2 = f"{o.command_2:.0f} s" if o.command_2 is not None else "-"
+            c1, c2, pk = (
+                f"{t:.0f} s" if t is not None else "-"
+                for t in (o.command_1, o.command_2, o.package)
+            )
             result = "ok" if not o.problems else "FAIL: " + o.problems[0].splitlines()[0]
             name = f"Debian {o.release} ({o.suite})"
-            tr.write_line(f"  {name:<20} {o.root:<15} {c1:>9} {c2:>9}  {result}")
+            tr.write_line(f"  {name:<20} {o.root:<15} {c1:>9} {c2:>9} {pk:>9}  {result}")
             if o.summary:
                 tr.write_line(f"  {'':<20} command 2's pytest: {o.summary}")
         for note in self.notes:
@@ -87,6 +97,7 @@ def outcomes(request: pytest.FixtureRequest) -> Iterator[dict[str, Outcome]]:
     if missing:
         give_up(f"missing {', '.join(missing)}: scripts/test installs them")
     commands = readme_commands()
+    package_commands()  # the docs' block is there before any root is built
     found = {r: Outcome(r, s) for r, s in sorted(RELEASES.items())}
     notes: list[str] = []
     request.config.pluginmanager.register(_Table(found, notes), "gputuned-quickstart-table")
@@ -111,8 +122,39 @@ def outcomes(request: pytest.FixtureRequest) -> Iterator[dict[str, Outcome]]:
 def _guarded(o: Outcome, commands: list[str]) -> None:
     try:
         _run_release(o, commands)
+        _run_package(o)
     except Exception:  # reported by the release's test, not lost in a thread
         o.problems.append(f"the lane itself failed:\n{traceback.format_exc()}")
+
+
+#: apt asks before it installs the package's Recommends (systemd, udev), and the lane has no one
+#: to answer: the root is told yes, as an operator's unattended host would be.
+ASSUME_YES = 'APT::Get::Assume-Yes "true";\n'
+#: After the install: the package's commands work from the system's PATH, on this host.
+PACKAGE_USE = (
+    "command -v gputunectl && gputunectl list && gputunectl plan shared-host"
+    " && test -f /usr/share/doc/gputuned/README.md && test -f /usr/share/doc/gputuned/usage.md"
+)
+
+
+def _run_package(o: Outcome) -> None:
+    """The package built and installed by the docs' commands in a root nothing ran in before."""
+    base, _ = cached_root(o.suite)
+    with fresh_root(o.suite, base, RUNS) as fr:
+        conf = fr.root / "etc/apt/apt.conf.d/90gputuned-lane-assume-yes"
+        conf.write_text(ASSUME_YES)
+        build, install = package_commands()
+        ran = fr.run(
+            f"{build} && {install} && {PACKAGE_USE}",
+            env={"DEBIAN_FRONTEND": "noninteractive"},
+            log=LOGS / f"{o.suite}-package.log",
+            timeout=900,
+        )
+        o.package = ran.seconds
+        if ran.rc != 0:
+            o.problems.append(f"package (docs/systemd.md) exit {ran.rc}:\n{ran.tail()}")
+        elif not PLAN_SHOWN.search(ran.log.read_text(errors="replace")):
+            o.problems.append(f"the package's gputunectl showed no plan:\n{ran.tail()}")
 
 
 def _run_release(o: Outcome, commands: list[str]) -> None:

@@ -77,6 +77,21 @@ def readme_commands(readme: Path = REPO / "README.md") -> list[str]:
     return commands
 
 
+def package_commands(doc: Path = REPO / "docs" / "systemd.md") -> list[str]:
+    """How docs/systemd.md says to build and install the package: the ``scripts/build-deb`` and
+    ``apt install`` lines of its "Debian package" code block, their comments cut off."""
+    text = doc.read_text()
+    section = re.search(r"^## The Debian package.*?$(.*?)(?=^## )", text, re.M | re.S)
+    block = section and re.search(r"^```sh\n(.*?)^```", section.group(1), re.M | re.S)
+    if not block:
+        raise E2EError("docs/systemd.md has no code block under '## The Debian package'")
+    lines = [ln.split("  #", 1)[0].strip() for ln in block.group(1).splitlines()]
+    found = [ln for ln in lines if ln.startswith(("scripts/build-deb", "apt install"))]
+    if [ln.split()[0] for ln in found] != ["scripts/build-deb", "apt"]:
+        raise E2EError(f"docs/systemd.md's package block: no build, then install, in {lines}")
+    return found
+
+
 def cache_key(suite: str) -> str:
     spec = {
         "suite": suite,
