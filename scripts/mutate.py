@@ -438,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
             own = covered[m].get(mu.line) or (
                 set().union(*covered[m].values()) if not mu.in_function else set()
             )
-            tests = sorted(own) + also
+            tests = also + sorted(own - set(also))  # the named tests first: -x stops at one
             if not tests:
                 results.append(Result(mu, "not covered", 0.0, 0))
                 continue
