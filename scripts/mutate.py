@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import os
@@ -101,11 +102,12 @@ class Mutant:
     start: int  # offsets into the module's UTF-8 text
     end: int
     in_function: bool  # False: run once, when the module (or a class body) is imported
+    after_note: str = ""  # " #2" for the second mutant of the same key
 
     @property
     def key(self) -> str:
         """Stable across unrelated edits (no line number): module, place and the change."""
-        return f"{self.module}::{self.where}::{self.kind}::{self.before} -> {self.after}"
+        return f"{self.module}::{self.where}::{self.kind}::{self.before} -> {self.after}{self.after_note}"
 
     def apply(self, text: str) -> str:
         """``text`` with this change (offsets count UTF-8 bytes, as the parser's columns do)."""
@@ -223,6 +225,13 @@ def mutants_of(module: str) -> list[Mutant]:
         ):
             continue
         visit(node, "", False)
+    # The same change in the same place twice (``compare=False, hash=False``): number the later
+    # ones, so that each key names one mutant.
+    seen: dict[str, int] = {}
+    for i, mu in enumerate(out):
+        n = seen[mu.key] = seen.get(mu.key, 0) + 1
+        if n > 1:
+            out[i] = dataclasses.replace(mu, after_note=f" #{n}")
     return out
 
 
@@ -433,10 +442,13 @@ def run(args: argparse.Namespace) -> int:
             if mu.key in equivalent:
                 results.append(Result(mu, "equivalent", 0.0, 0, equivalent[mu.key]))
                 continue
-            # A line run only at import (a module's or class's constant, a decorator) has no
-            # test of its own: every test that runs any line of the module may depend on it.
-            own = covered[m].get(mu.line) or (
-                set().union(*covered[m].values()) if not mu.in_function else set()
+            # A line run at import (a module's or class's constant) is credited to whichever
+            # test imported the module first: every test that runs any line of it may depend on
+            # that line.
+            own = (
+                covered[m].get(mu.line, set())
+                if mu.in_function
+                else set().union(*covered[m].values())
             )
             tests = also + sorted(own - set(also))  # the named tests first: -x stops at one
             if not tests:
