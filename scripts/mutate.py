@@ -359,11 +359,13 @@ def _copy_checkout(dest: Path) -> None:
         if not rel:
             continue
         src = TOP / rel
-        if not src.is_file():
-            continue
         dst = dest / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+        if src.is_symlink():  # the trees' sysfs links (to folders, too) stay links
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.symlink_to(os.readlink(src))
+        elif src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
 
 
 def _run_one(work: Path, m: Mutant, tests: list[str], timeout: float) -> tuple[str, float, str]:
