@@ -9,7 +9,8 @@ Folding the lines gives the entries: the first ``save`` of a key wins (it holds 
 before gputuned touched the setting; re-applying or switching profiles never overwrites it), and a
 ``drop`` forgets the key once its old value is back. Appending only, with fsync, means a crash
 at any point leaves a journal that names every setting that may have changed. A truncated last
-line (a crash mid-append, before fsync returned) is ignored: its write had not started.
+line (a crash mid-append, before fsync returned) is ignored: its write had not started; the
+next append first rewrites the file without it, or its record would continue the torn line.
 
 Records of process settings (nice, CPUs, policy, cgroup of a process) are appended without the
 fsync: such a setting ends with its process, and every process ends when the kernel does, so
@@ -66,6 +67,7 @@ class Journal:
         #: (line number, why, the line) of saves refused on load: never restored.
         self.rejected: list[tuple[int, str, bytes]] = []
         self.lines = 0  # lines in the file: compact when far more than the live entries
+        self._torn = False  # the file ends in a torn line: cut it off before appending
         self._load()
 
     def _load(self) -> None:
@@ -82,6 +84,7 @@ class Journal:
             except json.JSONDecodeError:
                 if n == len(lines):  # torn last line: the append never completed
                     log.warning("journal: ignoring a torn last line (crash during append)")
+                    self._torn = True
                     continue
                 raise errors.GputunedError(
                     f"{JOURNAL} line {n} is corrupt; fix or remove it by hand after checking "
@@ -142,7 +145,7 @@ class Journal:
         if defer:
             self._pending.append((op.key, line, sync))
         else:
-            append_durable(self.kernel, JOURNAL, line, sync=sync)
+            self._append(line, sync=sync)
             self.lines += 1
         self._entries[op.key] = entry
         return True
@@ -155,11 +158,8 @@ class Journal:
             return
         pending, self._pending = self._pending, []
         try:
-            append_durable(
-                self.kernel,
-                JOURNAL,
-                b"".join(line for _, line, _ in pending),
-                sync=any(sync for _, _, sync in pending),
+            self._append(
+                b"".join(line for _, line, _ in pending), sync=any(sync for _, _, sync in pending)
             )
         except BaseException:
             for key, _, _ in pending:
@@ -175,7 +175,7 @@ class Journal:
         # For the same reason a failed one must not stop a rollback or revert half-way (a full
         # /run would otherwise leave the host half applied).
         try:
-            append_durable(self.kernel, JOURNAL, line.encode(), sync=False)
+            self._append(line.encode(), sync=False)
             self.lines += 1
         except errors.HostError as exc:
             log.warning("journal: could not record that %s is restored: %s", key, exc)
@@ -188,12 +188,18 @@ class Journal:
             return
         data = "".join(json.dumps({"v": VERSION, "op": "drop", "key": k}) + "\n" for k in live)
         try:  # not fsynced, and a failure stops nothing: see drop()
-            append_durable(self.kernel, JOURNAL, data.encode(), sync=False)
+            self._append(data.encode(), sync=False)
             self.lines += len(live)
         except errors.HostError as exc:
             log.warning("journal: could not record that %d entries are gone: %s", len(live), exc)
         for k in live:
             del self._entries[k]
+
+    def _append(self, data: bytes, *, sync: bool) -> None:
+        if self._torn:  # appended to, the torn line would take this record with it
+            self.compact()
+            self._torn = False
+        append_durable(self.kernel, JOURNAL, data, sync=sync)
 
     def compact_if_grown(self, slack: int = 256) -> bool:
         """Compact when the file holds ``slack`` more lines than twice the live entries: a
