@@ -61,4 +61,15 @@ class PcieField(Setting):
 
 
 def _register(kernel: Kernel, op: Op) -> int:
-    return int(struct.unpack("<H", kernel.read_bytes(op.path, op.data["offset"], 2))[0])
+    reg = int(struct.unpack("<H", kernel.read_bytes(op.path, op.data["offset"], 2))[0])
+    if reg == 0xFFFF:
+        # No function answered the read: a config read then returns all-ones (drivers/pci/
+        # access.c), which DevCtl never holds (MPS and MRRS code 7 are reserved). A field
+        # written into it would set every other control bit, Initiate Function Level Reset
+        # (bit 15) among them, and 7 journaled as the original could never be put back.
+        raise errors.TargetGone(
+            f"{op.target}: config space reads all-ones: the device is not responding (fell "
+            "off the bus or powered down); nothing was written to it",
+            path=op.path,
+        )
+    return reg

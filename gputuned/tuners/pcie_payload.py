@@ -146,7 +146,7 @@ class PciePayloadTuner:
             if cfg.mrrs != "keep":
                 self._plan_mrrs(gpu, int(cfg.mrrs), cfg.report_only, out)
             if cfg.mps != "keep":
-                self._plan_mps(ctx, gpu, cfg, busy.get(gpu.bdf, ()), out)
+                self._plan_mps(ctx, gpu, cfg, busy, out)
         return out
 
     def _plan_mrrs(self, gpu: PciDevice, want: int, report_only: bool, out: TunerPlan) -> None:
@@ -163,7 +163,12 @@ class PciePayloadTuner:
         )
 
     def _plan_mps(
-        self, ctx: PlanContext, gpu: PciDevice, cfg: Config, pids: tuple[int, ...], out: TunerPlan
+        self,
+        ctx: PlanContext,
+        gpu: PciDevice,
+        cfg: Config,
+        busy: dict[str, tuple[int, ...]],
+        out: TunerPlan,
     ) -> None:
         topo = ctx.snap.topo
         target = f"{gpu.bdf} MPS"
@@ -220,12 +225,16 @@ class PciePayloadTuner:
                 )
             )
             return
-        if todo and pids:
+        # The ports whose MPS changes carry the DMA of every GPU below them: one GPU in use
+        # anywhere under the root port keeps MPS as it is for all of them.
+        users = [(d.bdf, pid) for d in tree for pid in busy.get(d.bdf, ())]
+        if todo and users:
+            pids = ", ".join(str(p) if b == gpu.bdf else f"{p} (on {b})" for b, p in users)
             out.refused.append(
                 Refusal(
                     self.name,
                     target,
-                    f"GPU in use by PID(s) {', '.join(map(str, pids))}: MPS changes only on an idle GPU",
+                    f"GPU in use by PID(s) {pids}: MPS changes only on an idle GPU",
                 )
             )
             return
