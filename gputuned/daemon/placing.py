@@ -51,6 +51,8 @@ def place(k: Keeper, pids: list[int], why: str, threads: dict[int, set[int]] | N
     report = ApplyReport()
     assert k.journal is not None
     apply_settings(k.kernel, k.journal, settings, report, keep_going=True, batch=True)
+    if report.not_possible:  # a limit of this machine is not drift (as Keeper._apply_full)
+        k.settings = [c for c in k.settings if c.key not in report.not_possible]
     capped = capped_servers(k.kernel, k.settings, settings)
     if capped:  # it started in a cgroup [neighbours] caps: plan the neighbours again
         k._reapply(f"placed process(es) {capped} run in a cgroup [neighbours] caps")
