@@ -7,14 +7,14 @@ process started again, see the same kernel.
 
 from __future__ import annotations
 
-import errno as E
 import json
 import os
 import shutil
 from pathlib import Path
 
-from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist, parse_mask
+from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist
 from gputuned.kernel.procfs import cgroup_path
+from gputuned.sim import bitmap
 
 CPU_DIR = "/sys/devices/system/cpu"
 #: Remembers what a tree cannot derive (the captured effective CPU of an IRQ, see
@@ -104,15 +104,11 @@ class TreeFiles:
         return parse_cpulist(raw) if raw is not None else self.possible()
 
     def parse_cpus(self, text: str, *, as_list: bool) -> frozenset[int]:
-        """A written CPU list (or mask), refused as the kernel refuses it."""
-        try:
-            cpus = parse_cpulist(text) if as_list else parse_mask(text)
-        except CpuListError as exc:
-            raise fail(E.EINVAL, str(exc)) from exc
-        if cpus and max(cpus) >= self.nr_cpu_ids():
-            # bitmap_parselist() answers ERANGE, bitmap_parse() EOVERFLOW (lib/bitmap-str.c).
-            raise fail(E.ERANGE if as_list else E.EOVERFLOW)
-        return cpus
+        """A written CPU list (or mask) for nr_cpu_ids bits, read and refused as the kernel
+        reads and refuses it (:mod:`gputuned.sim.bitmap`, not gputuned.cpulist)."""
+        shown = repr(text) if len(text) <= 60 else repr(text[:57] + "...")
+        parser = bitmap.parselist if as_list else bitmap.parse
+        return parser(text, self.nr_cpu_ids(), shown)
 
     # -- cgroups ---------------------------------------------------------------------------
 

@@ -10,11 +10,16 @@ byte-identical. Anything not routed below is a plain file write:
 - cgroup v2 (by the tree's ``/proc/mounts``): ``cgroup.subtree_control``, ``cgroup.procs``,
   ``mkdir`` and ``rmdir``: :mod:`gputuned.sim.cgroups`; ``cpuset.cpus``,
   ``cpuset.cpus.exclusive``, ``cpuset.cpus.partition``: :mod:`gputuned.sim.cpusets`;
-- a remount of the cgroup2 hierarchy: :mod:`gputuned.sim.mounts`.
+- a remount of the cgroup2 hierarchy: :mod:`gputuned.sim.mounts`;
+- written CPU lists and masks are read as the kernel reads them: :mod:`gputuned.sim.bitmap`.
 
 Entry points raise ``OSError`` with the errno the kernel returns; where the user needs a reason it
 rides in ``strerror`` and :func:`gputuned.errors.translate` shows it. Simplifications are named
 where they are made.
+
+One simplification for every file: a write of no bytes reaches the handler as an empty value.
+The kernel's sysfs and cgroup files return 0 without looking at it (cgroup_file_write(),
+sysfs_kf_write(): ``if (!nbytes) return 0``); gputuned writes ``"\n"`` for an empty value.
 """
 
 from __future__ import annotations

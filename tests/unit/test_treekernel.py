@@ -153,7 +153,12 @@ def test_irq_mask_updates_the_list(tmp_path: Path) -> None:
     root = tree("dual-socket-8gpu", tmp_path)
     before = digest(root)
     host = tree_kernel(root)
-    host.write_text("/proc/irq/121/smp_affinity", "ff00000000")
+    # Nine hex digits with no comma overflow a 32-bit group: the kernel says EOVERFLOW
+    # (bitmap_get_x32_reverse(), lib/bitmap-str.c), and nothing changes.
+    with pytest.raises(errors.InvalidValue, match="EOVERFLOW"):
+        host.write_text("/proc/irq/121/smp_affinity", "ff00000000")
+    assert digest(root) == before
+    host.write_text("/proc/irq/121/smp_affinity", "ff,00000000")
     assert read(root, "/proc/irq/121/smp_affinity_list") == "32-39\n"
     assert read(root, "/proc/irq/121/smp_affinity") == "000000ff,00000000\n"
     host.write_text("/proc/irq/121/smp_affinity", "ffffffff,ffffffff")
