@@ -3,8 +3,8 @@
 Built once per set of inputs and cached under ``/var/cache/gputuned-e2e/vm/<key>/``:
 
 - ``root.img``: an ext4 file system (``mkfs.ext4 -d``) holding an mmdebstrap minbase root with
-  the packages below, a venv at /opt/gputuned/venv with gputuned's dependencies (wheels for the
-  guest's CPython 3.13, pinned to the versions installed on this machine), and the
+  the packages below, a venv at /opt/gputuned/venv with gputuned's dependencies and pytest
+  (wheels for the guest's CPython 3.13, pinned to the versions installed on this machine), and the
   gputuned_fakegpu module (fakegpu/fakegpu.c) built against the guest's kernel;
 - ``vmlinuz`` and ``initrd.img`` for QEMU's direct kernel boot (the initramfs holds only
   virtio_pci, virtio_blk and ext4: 10 MB instead of 35);
@@ -67,6 +67,9 @@ PACKAGES = (
 #: Modules the initramfs needs to mount the root (virtio-blk, ext4); the rest load from the root.
 INITRD_MODULES = ("virtio_pci", "virtio_blk", "ext4")
 VENV = "/opt/gputuned/venv"
+#: Installed in the guest's venv beside gputuned's dependencies: the phase "sim vs kernel" of
+#: tests/e2e/test_vm.py runs tests/integration/test_procctl_live.py there, as it is.
+GUEST_TEST_TOOLS = ("pytest",)
 IMAGE_SIZE = "3G"  # sparse; the file system holds ~900 MB
 #: Bump when the layout built below changes in a way the hashed files do not show.
 FORMAT = 1
@@ -212,7 +215,8 @@ def flock(path: Path) -> Iterator[None]:
 
 
 def pinned_dependencies() -> list[str]:
-    """gputuned's runtime dependencies and theirs, pinned to what this machine has installed.
+    """gputuned's runtime dependencies, GUEST_TEST_TOOLS and theirs, pinned to what this machine
+    has installed.
 
     The guest then runs the versions the rest of the suite tested, and the image is rebuilt
     exactly when one of them changes (the pins are part of the cache key).
@@ -220,7 +224,7 @@ def pinned_dependencies() -> list[str]:
     import tomllib
 
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
-    todo = [Requirement(r) for r in data["project"]["dependencies"]]
+    todo = [Requirement(r) for r in [*data["project"]["dependencies"], *GUEST_TEST_TOOLS]]
     env = {"python_version": GUEST_PYTHON, "python_full_version": f"{GUEST_PYTHON}.0", "extra": ""}
     pins: dict[str, str] = {}
     while todo:
