@@ -193,22 +193,21 @@ def test_a_new_thread_is_placed_and_every_thread_stays_under_the_drift_check(
     daemon: tuple[Daemon, Path],
 ) -> None:
     """A thread the server starts with other values than the rule's gets the rule's; the
-    drift check then repairs that thread and the process's older threads alike, and stopping
-    the daemon gives the new thread its own originals back."""
+    drift check then repairs that thread, and the process's older threads still, and
+    stopping the daemon gives the new threads their own originals back."""
     d, root = daemon
     api(root, cpus="0,5-15")
     feed(d, ProcEvent("exec", API, API))
-    new = API + 50
-    add_thread(root, API, new, cpus="0-15", nice=0)
-    feed(d, ProcEvent("thread", API, new, 1))
-    assert state(root, API) == PLACED
-    assert f"thread:{API}:1000:{new}:nice" in journaled(root, API)
-    # Someone renices the new thread, then an old one (each repair is a full re-plan, which
-    # reads every thread again: the new one first, so that only its placement can tell).
-    for tid in (new, API + 1):
-        renice(root, tid)
+    # Each repair is a full re-plan, which reads every thread again: so each case gets a
+    # thread placed just before, and only what that placement kept can tell.
+    for new, reniced in ((API + 50, API + 50), (API + 51, API + 1)):
+        add_thread(root, API, new, cpus="0-15", nice=0)
+        feed(d, ProcEvent("thread", API, new, 1))
+        assert state(root, API) == PLACED, new
+        assert f"thread:{API}:1000:{new}:nice" in journaled(root, API)
+        renice(root, reniced)  # someone renices the new thread, then an old one
         drift_check(d)
-        assert state(root, API) == PLACED, tid
+        assert state(root, API) == PLACED, reniced
     assert status(d)["daemon"]["repairs"] == 2
     stop(d)
     assert state(root, API) == UNTUNED
