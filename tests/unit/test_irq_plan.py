@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -438,22 +439,12 @@ class RestartingIrqbalance(FakeIrqbalance):
         self.root, self.restart_after = root, restart_after
         super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                msg = b""
-                while chunk := conn.recv(4096):
-                    msg += chunk
-                self.log.append(msg.decode())
-                if len(self.log) == self.restart_after:
-                    remove_process(self.root, IRQ_PID)
-                    irqbalance_process(self.root, start_time=900)
-                if msg == b"setup":
-                    conn.sendall(b"SLEEP 10 BANNED 0")
+    def answer(self, conn: socket.socket, text: str) -> None:
+        if len(self.log) == self.restart_after:
+            remove_process(self.root, IRQ_PID)
+            irqbalance_process(self.root, start_time=900)
+        if text == "setup":
+            conn.sendall(b"SLEEP 10 BANNED 0")
 
 
 def test_an_irqbalance_restarted_between_read_and_write_is_not_told(

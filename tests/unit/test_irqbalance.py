@@ -53,15 +53,24 @@ class FakeIrqbalance:
                     msg += chunk
                 text = msg.decode()
                 self.log.append(text)
-                if text == "setup":
-                    irqs = "".join(f"IRQ {n} LOAD 0 DIFF 0 CLASS 5 " for n in self.irqs)
-                    conn.sendall(f"SLEEP 10 {irqs}BANNED {format_mask(self.banned, 16)}".encode())
-                elif text.startswith("settings cpus "):
-                    arg = text.removeprefix("settings cpus ")
-                    self.banned = frozenset() if arg == "NULL" else parse_cpulist(arg)
-                elif text.startswith("settings ban irqs "):
-                    arg = text.removeprefix("settings ban irqs ")
-                    self.irqs = () if arg == "NONE" else tuple(int(n) for n in arg.split())
+                self.answer(conn, text)
+
+    def answer(self, conn: socket.socket, text: str) -> None:
+        """One request: ``setup`` is answered with the IRQs and CPUs banned, ``settings ...``
+        changes them at once (subclasses answer otherwise)."""
+        if text == "setup":
+            irqs = "".join(f"IRQ {n} LOAD 0 DIFF 0 CLASS 5 " for n in self.irqs)
+            conn.sendall(f"SLEEP 10 {irqs}BANNED {format_mask(self.banned, 16)}".encode())
+        else:
+            self.take(text)
+
+    def take(self, text: str) -> None:
+        if text.startswith("settings cpus "):
+            arg = text.removeprefix("settings cpus ")
+            self.banned = frozenset() if arg == "NULL" else parse_cpulist(arg)
+        elif text.startswith("settings ban irqs "):
+            arg = text.removeprefix("settings ban irqs ")
+            self.irqs = () if arg == "NONE" else tuple(int(n) for n in arg.split())
 
     def close(self) -> None:
         """Stop answering, leaving the socket file behind as a crashed irqbalance does."""

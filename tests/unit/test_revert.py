@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import re
+import socket
 import time
 import tomllib
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
-from gputuned.cpulist import format_cpulist, format_mask, parse_cpulist
+from gputuned.cpulist import format_cpulist
 from gputuned.engine.apply import apply_profile, restore_processes, revert_all
 from gputuned.engine.grub import write_dropin
 from gputuned.engine.journal import Journal
@@ -723,32 +724,15 @@ class RescanningIrqbalance(FakeIrqbalance):
         self.pending: list[str] = []
         super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                msg = b""
-                while chunk := conn.recv(4096):
-                    msg += chunk
-                text = msg.decode()
-                self.log.append(text)
-                if text == "setup":
-                    irqs = "".join(f"IRQ {n} LOAD 0 DIFF 0 CLASS 5 " for n in self.irqs)
-                    conn.sendall(f"SLEEP 10 {irqs}BANNED {format_mask(self.banned, 16)}".encode())
-                elif text.startswith("settings "):
-                    self.pending.append(text)
+    def answer(self, conn: socket.socket, text: str) -> None:
+        if text.startswith("settings "):
+            self.pending.append(text)  # shown at the next rescan, not now
+        else:
+            super().answer(conn, text)
 
     def rescan(self) -> None:
         for text in self.pending:
-            if text.startswith("settings cpus "):
-                arg = text.removeprefix("settings cpus ")
-                self.banned = frozenset() if arg == "NULL" else parse_cpulist(arg)
-            else:
-                arg = text.removeprefix("settings ban irqs ")
-                self.irqs = () if arg == "NONE" else tuple(int(n) for n in arg.split())
+            self.take(text)
         self.pending = []
 
 
