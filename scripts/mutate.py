@@ -307,37 +307,39 @@ def line_tests(modules: list[str], refresh: bool) -> dict[str, dict[int, set[str
             return {m: {int(k): set(v) for k, v in data[m]["lines"].items()} for m in modules}
     CACHE.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cov-", dir=CACHE))
-    (work / "covctx.py").write_text(_PLUGIN)
-    rc = work / ".coveragerc"
-    rc.write_text(f"[run]\nsource = {TOP / 'gputuned'}\ndata_file = {work / 'cov.db'}\n")
-    t0 = time.monotonic()
-    print("coverage: running tests/unit once, with each test's node ID as its context ...")
-    env = dict(os.environ, PYTHONPATH=f"{work}{os.pathsep}{TOP}")
-    proc = subprocess.run(
-        [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
-         "-p", "no:cacheprovider", "-p", "covctx", "tests/unit"],
-        cwd=TOP, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        sys.exit(
-            f"the unit tests fail before any mutation:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-        )
-    print(f"coverage: {time.monotonic() - t0:.0f} s")
-    import coverage
+    try:
+        (work / "covctx.py").write_text(_PLUGIN)
+        rc = work / ".coveragerc"
+        rc.write_text(f"[run]\nsource = {TOP / 'gputuned'}\ndata_file = {work / 'cov.db'}\n")
+        t0 = time.monotonic()
+        print("coverage: running tests/unit once, with each test's node ID as its context ...")
+        env = dict(os.environ, PYTHONPATH=f"{work}{os.pathsep}{TOP}")
+        proc = subprocess.run(
+            [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
+             "-p", "no:cacheprovider", "-p", "covctx", "tests/unit"],
+            cwd=TOP, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            sys.exit(
+                f"the unit tests fail before any mutation:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+            )
+        print(f"coverage: {time.monotonic() - t0:.0f} s")
+        import coverage
 
-    cov = coverage.Coverage(data_file=str(work / "cov.db"))
-    cov.load()
-    data = cov.get_data()
-    out: dict[str, dict[str, object]] = {}
-    for m in sorted(set(modules) | set(CORE)):
-        lines: dict[str, list[str]] = {}
-        for line, ctxs in (data.contexts_by_lineno(str(TOP / m)) or {}).items():
-            tests = sorted(c for c in ctxs if c)
-            if tests:
-                lines[str(line)] = tests
-        out[m] = {"sha": _sha(m), "lines": lines}
-    cached.write_text(json.dumps(out))
-    shutil.rmtree(work, ignore_errors=True)
+        cov = coverage.Coverage(data_file=str(work / "cov.db"))
+        cov.load()
+        data = cov.get_data()
+        out: dict[str, dict[str, object]] = {}
+        for m in sorted(set(modules) | set(CORE)):
+            lines: dict[str, list[str]] = {}
+            for line, ctxs in (data.contexts_by_lineno(str(TOP / m)) or {}).items():
+                tests = sorted(c for c in ctxs if c)
+                if tests:
+                    lines[str(line)] = tests
+            out[m] = {"sha": _sha(m), "lines": lines}
+        cached.write_text(json.dumps(out))
+    finally:  # an interrupted pass leaves no folder behind
+        shutil.rmtree(work, ignore_errors=True)
     return {
         m: {int(k): set(v) for k, v in out[m]["lines"].items()}  # type: ignore[attr-defined]
         for m in modules

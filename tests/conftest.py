@@ -75,7 +75,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _part_seconds[part] = _part_seconds.get(part, 0.0) + report.duration
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         counts = _part_outcomes.setdefault(part, {})
-        counts[report.outcome] = counts.get(report.outcome, 0) + 1
+        outcome = report.outcome
+        if hasattr(report, "wasxfail"):  # pytest's own summary says xfailed / xpassed
+            outcome = "xfailed" if outcome == "skipped" else "xpassed"
+        counts[outcome] = counts.get(outcome, 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -58,6 +58,6 @@ def test_it_fails_when_a_field_goes_unnamed(
     import gputuned.engine.inspect
 
     monkeypatch.setattr(gputuned.engine.inspect, "register_findings", lambda dev, topo: [])
-    assert load().main(["--count", "40", "--seed", "7"]) == 1
+    assert load().main(["--count", "8", "--seed", "7"]) == 1
     out = capsys.readouterr().out
     assert "unreadable field not named: 0" not in out

@@ -5,7 +5,6 @@ IRQs, the one-CPU guard on both sides of its limit, and each irqbalance mode."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 from collections.abc import Iterator
@@ -31,22 +30,14 @@ IRQ_PID = 700
 
 
 def copy(tree: str, tmp_path: Path) -> Path:
-    """A tree to apply to: a full copy."""
+    """A copy of a committed tree, to plan on or apply to."""
     root = tmp_path / tree
     shutil.copytree(TREES_DIR / tree, root, symlinks=True)
     return root
 
 
-def linked(tree: str, tmp_path: Path) -> Path:
-    """A tree to plan on only: its files hard links to the committed ones (a 64-CPU tree
-    copies in seconds, links in a fraction); change files only through :func:`put`."""
-    root = tmp_path / tree
-    shutil.copytree(TREES_DIR / tree, root, symlinks=True, copy_function=os.link)
-    return root
-
-
 def put(root: Path, rel: str, text: str) -> None:
-    """Replace a file of a tree (a new file, so a linked tree's original stays as it is)."""
+    """Replace a file of a tree."""
     path = root / rel
     path.unlink(missing_ok=True)
     path.write_text(text)
@@ -96,7 +87,7 @@ def test_gpus_sharing_a_set_continue_one_round_robin_one_vector_per_core_first(
     """Two GPUs whose vectors share the CPUs 1-6 get them in one round robin, first threads of
     every core before any second thread: the user relies on no CPU taking a second vector
     while another CPU of the set has none, across GPUs as within one."""
-    root = linked("two-gpu-one-node", tmp_path)  # siblings 2k, 2k+1: 1 | 2,3 | 4,5 | 6
+    root = copy("two-gpu-one-node", tmp_path)  # siblings 2k, 2k+1: 1 | 2,3 | 4,5 | 6
     result = plan(root, profile({"irqs": {"cpus": "1-6"}}, gpu_cpus="irqs"))
     got = targets(result)
     order = ["1", "2", "4", "6", "3", "5"]
@@ -127,7 +118,7 @@ def test_placed_vectors_are_in_sync_and_written_once(tmp_path: Path) -> None:
 def test_without_spread_every_vector_may_use_the_whole_set(tmp_path: Path) -> None:
     """`spread = false` gives each vector every CPU of the set, so a vector pinned to one CPU
     of it is widened to all of them, not left where it is."""
-    root = linked("two-gpu-one-node", tmp_path)
+    root = copy("two-gpu-one-node", tmp_path)
     set_affinity(root, 40, "2")
     prof = profile({"irqs": {"cpus": "1-6"}}, gpu_cpus="irqs", spread=False)
     result = plan(root, prof)
@@ -142,7 +133,7 @@ def test_vectors_are_read_from_sysfs_not_only_from_proc_interrupts(tmp_path: Pat
     """A vector the driver allocated but has no handler on yet is in the GPU's msi_irqs and
     not in /proc/interrupts: it is still placed, or it would fire on any CPU once the driver
     requests it. A vector freed while plan reads the host is left out, not a crash."""
-    root = linked("h200-vm", tmp_path)
+    root = copy("h200-vm", tmp_path)
     text = (root / "proc/interrupts").read_text().splitlines(keepends=True)
     put(root, "proc/interrupts", "".join(ln for ln in text if not ln.startswith("48:")))
     shutil.rmtree(root / "proc/irq/49")
@@ -155,7 +146,7 @@ def test_vectors_are_read_from_sysfs_not_only_from_proc_interrupts(tmp_path: Pat
 def test_a_gpu_without_vectors_is_passed_over(tmp_path: Path) -> None:
     """A GPU whose driver holds no vectors (not bound) has nothing to place: no vector moves
     and the plan names no off-node vectors of it; the other GPUs are placed as before."""
-    root = linked("dual-socket-8gpu", tmp_path)
+    root = copy("dual-socket-8gpu", tmp_path)
     gpu7 = root / "sys/devices/pci0000:80/0000:80:03.0/0000:85:00.0/0000:86:10.0/0000:88:00.0"
     shutil.rmtree(gpu7 / "msi_irqs")
     result = plan(root, profile({"low": {"cpus": "1-8"}}, gpu_cpus="low"))
@@ -167,7 +158,7 @@ def test_a_gpu_without_vectors_is_passed_over(tmp_path: Path) -> None:
 def test_vectors_of_a_gpu_without_a_numa_node_go_to_its_local_cpus(tmp_path: Path) -> None:
     """A GPU whose local CPUs span both sockets (firmware gives no NUMA node) still has its
     vectors on its local CPUs of the set, and the plan says so rather than naming a node."""
-    root = linked("dual-socket-8gpu", tmp_path)
+    root = copy("dual-socket-8gpu", tmp_path)
     gpu0 = root / "sys/devices/pci0000:00/0000:00:02.0/0000:01:00.0/0000:02:08.0/0000:03:00.0"
     put(gpu0, "local_cpulist", "0-63\n")
     put(gpu0, "numa_node", "-1\n")
@@ -226,7 +217,7 @@ def test_unmovable_irqs_are_skipped_and_reported_only_when_out_of_place(
         "/proc/irq/33/smp_affinity_list",
     }
     wide = plan(
-        linked("h200-vm", tmp_path / "b"), profile({"all": {"cpus": "0-15"}}, others_cpus="all")
+        copy("h200-vm", tmp_path / "b"), profile({"all": {"cpus": "0-15"}}, others_cpus="all")
     )
     assert not [r for r in wide.refused if r.tuner == "irq"]
     assert not {31, 33} & set(affinity_settings(wide))
@@ -258,7 +249,7 @@ def test_default_smp_affinity_is_written_so_later_irqs_land_on_the_set(tmp_path:
 def test_a_kernel_without_default_smp_affinity_plans_the_rest(tmp_path: Path) -> None:
     """A kernel that shows no /proc/irq/default_smp_affinity (built without SMP) gets no
     setting for it, and the IRQs are planned as usual."""
-    root = linked("h200-vm", tmp_path)
+    root = copy("h200-vm", tmp_path)
     (root / "proc/irq/default_smp_affinity").unlink()
     result = plan(root, profile({"hk": {"cpus": "0"}}, others_cpus="hk", default_affinity="hk"))
     assert not [c for c in result.settings if c.target == "default_smp_affinity"]
@@ -282,7 +273,7 @@ def test_one_cpu_for_every_irq_is_refused_above_32_cpus(
 ) -> None:
     """Up to 32 online CPUs, one CPU for every IRQ is the profile's choice; from 33 on, plan
     refuses it and apply writes nothing (one CPU cannot take a whole host's interrupts)."""
-    root = linked("dual-socket-8gpu", tmp_path)
+    root = copy("dual-socket-8gpu", tmp_path)
     put(root, "sys/devices/system/cpu/online", f"{online}\n")
     result = plan(root, one_cpu())
     n = len(parse_cpulist(online))
@@ -304,7 +295,7 @@ def test_unmovable_irqs_do_not_count_for_the_one_cpu_guard(
     """IRQs the kernel manages itself (EIO) stay spread whatever the profile says, so they
     neither hide a pile-up of the movable ones on one CPU nor make one: two movable IRQs on
     one CPU of a 64-CPU host are refused, a single one is not."""
-    root = linked("four-gpu-one-socket", tmp_path)
+    root = copy("four-gpu-one-socket", tmp_path)
     vectors = [*range(121, 129), *range(130, 138), *range(139, 147), *range(148, 156)]
     unmovable(root, vectors[movable:])
     result = plan(root, one_cpu())
@@ -323,7 +314,7 @@ def test_a_profile_that_moves_no_irq_is_not_blamed_for_the_hosts_own_layout(
 ) -> None:
     """Where the host already has every IRQ on CPU 0 and the profile moves none (it only sets
     default_smp_affinity), the guard has nothing to refuse: the profile changes nothing there."""
-    root = linked("four-gpu-one-socket", tmp_path)
+    root = copy("four-gpu-one-socket", tmp_path)
     for d in (root / "proc/irq").iterdir():
         if d.is_dir():
             set_affinity(root, int(d.name), "0")

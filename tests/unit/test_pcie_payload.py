@@ -16,7 +16,6 @@ directly under root port 00:02.0).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.verify import verify_plan
 from gputuned.errors import ProfileError
-from gputuned.kernel.port import TREE_META
 from gputuned.profile.load import parse_profile
 from gputuned.profile.model import Profile
 from gputuned.store.state import JOURNAL
@@ -53,15 +51,9 @@ _hosts: list[FaultKernel] = []
 
 
 def tree(name: str, tmp_path: Path) -> Path:
-    """A copy of a committed tree to change. Hard links, except for the files these tests and
-    gputuned write (each function's config space, the tree's metadata), which are copied:
-    copying the multi-GPU trees' 1,500 files took seconds each on a loaded machine."""
+    """A copy of a committed tree to change."""
     root = tmp_path / name
-    shutil.copytree(TREES_DIR / name, root, symlinks=True, copy_function=os.link)
-    for f in [*root.glob("sys/devices/pci*/**/config"), root / TREE_META]:
-        data = f.read_bytes()
-        f.unlink()
-        f.write_bytes(data)
+    shutil.copytree(TREES_DIR / name, root, symlinks=True)
     return root
 
 
