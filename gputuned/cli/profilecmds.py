@@ -1,7 +1,7 @@
 """``gputunectl list``, ``show NAME`` and ``recommend``: profiles by name (issue 19, item 2).
 
 The folders and the look-up are gputuned/store/profiledirs.py; what fits a host is
-gputuned/profile/recommend.py. This module is the commands and their output only.
+gputuned/engine/recommend.py. This module is the commands and their output only.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def _value(v: object) -> str:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from gputuned.cli.render import console, shown
-    from gputuned.profile.recommend import recommend
+    from gputuned.engine.recommend import recommend
 
     kernel = open_kernel(args.root)
     from gputuned.kernel.users import asking_uids

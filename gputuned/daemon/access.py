@@ -1,30 +1,26 @@
 """What other programs send the daemon, checked: control-request fields, profiles that come over
-the socket, and the users and groups ``[daemon]`` names (issue 14, findings 4, 7 and 10).
+the socket, and who may scrape the metrics (issue 14, findings 4, 7 and 10).
 
 Every field of a request is hostile until checked: a flag is a boolean (here), a PID and start
 time are integers (the daemon's ``_process_id``). ``apply`` takes the profile itself
 or the name of one in the profile directory, never a path for the daemon to open as root; its
-``source`` is shown, never opened. The groups and users of ``[daemon]`` must exist on this
-machine: plan says so (a blocking refusal, so that apply refuses the profile too) rather than
-the daemon failing at its next start.
+``source`` is shown, never opened. The groups and users ``[daemon]`` names are checked
+when the profile is planned (gputuned/tuners/daemon.py).
 """
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 
 from gputuned import errors
-from gputuned.daemon.config import Config as DaemonConfig
-from gputuned.engine.changes import Refusal
 from gputuned.kernel import Kernel
-from gputuned.kernel.users import group_gid, user_uid
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.profile.model import Profile
 from gputuned.service.controlproto import PeerCred
 from gputuned.service.httpmetrics import Allowed
 from gputuned.store.profiledirs import USER_DIR, ProfileDirs
 from gputuned.textsafe import printable
+from gputuned.tuners.daemon import resolve_metrics_allow
 
 #: A verify other than root's is answered from one at most this old: each is a full plan.
 VERIFY_CACHE_S = 5.0
@@ -64,39 +60,4 @@ def profile_from_request(
 
 def metrics_allowed(entries: tuple[str, ...]) -> Allowed:
     """``[daemon] metrics_allow`` resolved on this machine; InvalidValue names what is missing."""
-    uids, gids, nets, missing = [], [], [], []
-    for entry in entries:
-        if entry.startswith("@"):
-            gid = group_gid(entry[1:])
-            gids.append(gid) if gid is not None else missing.append(f"group {entry[1:]!r}")
-        elif (uid := user_uid(entry)) is not None:
-            uids.append(uid)
-        else:
-            try:
-                nets.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                missing.append(f"user {entry!r}")
-    if missing:
-        raise errors.InvalidValue(
-            f"[daemon] metrics_allow names {', '.join(missing)}, not on this machine; create "
-            "it or remove the entry"
-        )
-    return Allowed(uids, gids, nets)
-
-
-def daemon_refusals(cfg: DaemonConfig) -> list[Refusal]:
-    """Blocking refusals for ``[daemon]`` settings the daemon could not start with here."""
-    out = []
-    for key in ("control_group", "admin_group"):
-        name = getattr(cfg, key)
-        if name is not None and group_gid(name) is None:
-            why = (
-                f"group {name!r} does not exist on this machine, and the daemon would not start "
-                f"with it: groupadd {name}, or leave {key} out"
-            )
-            out.append(Refusal("daemon", key, why, blocking=True))
-    try:
-        metrics_allowed(cfg.metrics_allow)
-    except errors.InvalidValue as exc:
-        out.append(Refusal("daemon", "metrics_allow", str(exc), blocking=True))
-    return out
+    return Allowed(*resolve_metrics_allow(entries))

@@ -21,7 +21,7 @@ from gputuned.kernel.proc import read_identity
 from gputuned.service.control import PeerCred
 from gputuned.textsafe import printable
 from gputuned.tuners.cmdmatch import SEARCHES
-from gputuned.tuners.process import Claim
+from gputuned.tuners.context import Claim
 from gputuned.tuners.proctree import OWN_COMMS
 
 log = logging.getLogger("gputuned")

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from gputuned import errors
 from gputuned.daemon import placing
 from gputuned.daemon.access import metrics_allowed
-from gputuned.daemon.config import Config as DaemonConfig
 from gputuned.daemon.control import ControlHandlers, _pid
 from gputuned.daemon.inplace import replan_if_moved
 from gputuned.engine.apply import forget_process, revert_all
 from gputuned.engine.journal import Journal
 from gputuned.kernel.live import set_own_realtime
 from gputuned.profile.model import Profile
+from gputuned.profile.tables.daemon import Config as DaemonConfig
 from gputuned.service.control import ControlServer
 from gputuned.service.httpmetrics import MetricsServer
 from gputuned.service.loop import now

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.daemon import placing
 from gputuned.daemon.inplace import say_decision
 from gputuned.daemon.selfbind import BindWatch, drop_originals, report, without_cpus
@@ -21,7 +22,6 @@ from gputuned.engine.apply import (
     read_state,
     revert_all,
 )
-from gputuned.engine.changes import Change, PlanContext
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile, read_context
 from gputuned.engine.verify import verify_plan
@@ -39,8 +39,8 @@ from gputuned.settings.registry import expand, holds
 from gputuned.store.state import ACTIVE, HostLock
 from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
-from gputuned.tuners.process import Claim
-from gputuned.tuners.spread import Held, held_threads
+from gputuned.tuners.context import Claim, Held, PlanContext
+from gputuned.tuners.spread import held_threads
 
 log = logging.getLogger("gputuned")
 

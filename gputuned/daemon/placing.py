@@ -16,13 +16,13 @@ from gputuned.engine.apply import ApplyReport, apply_settings
 from gputuned.engine.plan import plan_processes
 from gputuned.tuners.gpuplace import tree_roots
 from gputuned.tuners.neighbours import capped_servers
-from gputuned.tuners.process import claim_processes
+from gputuned.tuners.proctree import claim_processes
 from gputuned.tuners.selfbind import warnings_for
 from gputuned.tuners.spread import held_threads
 
 if TYPE_CHECKING:
+    from gputuned.changes import Change
     from gputuned.daemon.keeper import Keeper
-    from gputuned.engine.changes import Change
 
 log = logging.getLogger("gputuned")
 

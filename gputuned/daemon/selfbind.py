@@ -44,10 +44,10 @@ from gputuned.textsafe import printable
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.engine.journal import Journal
     from gputuned.kernel import Kernel
-    from gputuned.tuners.proctree import Claim
+    from gputuned.tuners.context import Claim
 
 log = logging.getLogger("gputuned")
 

@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
+from gputuned.changes import Refusal
 from gputuned.engine.applyreport import ApplyReport
-from gputuned.engine.changes import Refusal
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
 from gputuned.store.state import ACTIVE, STATE, read_optional_bytes, replace_durable

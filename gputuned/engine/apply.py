@@ -17,14 +17,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.engine.applied import read_active, read_state, record_applied
-from gputuned.engine.applyreport import ApplyError, ApplyReport
-from gputuned.engine.changes import Change
+from gputuned.engine.applyreport import ApplyError, ApplyReport, RevertReport
 from gputuned.engine.commit import already_held
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.revert import (
-    RevertReport,
     forget_process,
     restore,
     restore_processes,

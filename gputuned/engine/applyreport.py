@@ -1,5 +1,6 @@
-"""What an apply reports: :class:`ApplyReport` (written, skipped, not possible here, failed,
-leftovers restored, rolled back) and :class:`ApplyError`, the failure that carries it.
+"""What an apply and a revert report: :class:`ApplyReport` (written, skipped, not possible
+here, failed, leftovers restored, rolled back), :class:`ApplyError`, the failure that carries
+it, and :class:`RevertReport` (restored, failed, notes).
 
 Data only: the writer (:mod:`gputuned.engine.writer`) fills the report, ``apply_profile``
 (:mod:`gputuned.engine.apply`) hands it to the caller and records what is not possible here.
@@ -41,5 +42,21 @@ class ApplyReport:
             "failed": self.failed,
             "restored": self.restored,
             "rolled_back": self.rolled_back,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+@dataclass
+class RevertReport:
+    restored: list[dict[str, str]] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "restored": self.restored,
+            "failed": self.failed,
+            "notes": self.notes,
             "seconds": round(self.seconds, 4),
         }

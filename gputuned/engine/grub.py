@@ -28,7 +28,7 @@ from gputuned.store.state import (
 )
 
 if TYPE_CHECKING:
-    from gputuned.engine.revert import RevertReport
+    from gputuned.engine.applyreport import RevertReport
     from gputuned.kernel import Kernel
 
 _OP = Op("file:" + GRUB_DROPIN, "bootargs", GRUB_DROPIN, "file", GRUB_DROPIN, "")

@@ -13,12 +13,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.engine.changes import Change, PlanContext, Refusal, Tuner
+from gputuned.changes import Change, Refusal
 from gputuned.engine.coexist import coexistence_notes
-from gputuned.engine.inspect import snapshot
 from gputuned.engine.journal import Journal
+from gputuned.engine.layout import plan_layout
 from gputuned.kernel import Kernel
 from gputuned.kernel.proc import iter_processes, read_process
+from gputuned.kernel.snapshot import snapshot
 from gputuned.kernel.system import (
     read_cgroup_layout,
     read_default_affinity,
@@ -27,11 +28,10 @@ from gputuned.kernel.system import (
     read_irq_nodes,
 )
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
-from gputuned.profile.layout import plan_layout
 from gputuned.profile.model import Profile
+from gputuned.tuners.context import Claim, PlanContext, Tuner
 from gputuned.tuners.gpuuse import gpu_use
 from gputuned.tuners.neighbours import plan_neighbours
-from gputuned.tuners.proctree import Claim
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
     sets: dict[str, str] = field(default_factory=dict)
-    #: Sets per GPU and per node, partitions and GPU vectors (gputuned.profile.layout.plan_layout).
+    #: Sets per GPU and per node, partitions and GPU vectors (gputuned.engine.layout.plan_layout).
     layout: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -182,7 +182,7 @@ def plan_profile(
     it (``gputunectl plan``, ``verify``).
     """
     from gputuned.cpulist import format_cpulist
-    from gputuned.daemon.access import daemon_refusals
+    from gputuned.tuners.daemon import daemon_refusals
 
     ctx = read_context(
         kernel, profile, registered=registered, journal=journal, self_bound=self_bound

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
+from gputuned.engine.applyreport import RevertReport
 from gputuned.engine.journal import Entry, Journal
 from gputuned.kernel import Kernel
 from gputuned.kernel.proc import ancestor_in, iter_processes, read_identity, read_process
@@ -40,22 +41,6 @@ from gputuned.settings.threads import thread_value
 from gputuned.store.state import ACTIVE, STATE, HostLock, remove
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RevertReport:
-    restored: list[dict[str, str]] = field(default_factory=list)
-    failed: list[dict[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "restored": self.restored,
-            "failed": self.failed,
-            "notes": self.notes,
-            "seconds": round(self.seconds, 4),
-        }
 
 
 def revert_all(

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.engine.applyreport import ApplyError, ApplyReport
-from gputuned.engine.changes import Change
 from gputuned.engine.commit import already_held, commit, prepare, restore_quietly, write_one
 from gputuned.engine.journal import Journal
 from gputuned.kernel import Kernel

@@ -195,7 +195,7 @@ def _capture_into(
     for node in _list(kernel, "/sys/devices/system/node"):
         if re.fullmatch(r"node\d+", node):
             _copy(kernel, w, f"/sys/devices/system/node/{node}/cpulist")
-    # SMT siblings and package ids: CPU sets take whole cores (gputuned.profile.topology).
+    # SMT siblings and package ids: CPU sets take whole cores (gputuned.kernel.topology).
     for cpu in _list(kernel, "/sys/devices/system/cpu"):
         if re.fullmatch(r"cpu\d+", cpu):
             for f in _list(kernel, f"/sys/devices/system/cpu/{cpu}/topology"):

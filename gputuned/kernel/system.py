@@ -10,7 +10,7 @@ from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.kernel import Kernel
 from gputuned.kernel.nvml import NvmlGpu
 from gputuned.kernel.pci import PciTopology
-from gputuned.profile.topology import GpuRef, HostCpus
+from gputuned.kernel.topology import GpuRef, HostCpus
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"

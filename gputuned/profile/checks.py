@@ -1,20 +1,22 @@
 """Checks across a profile's tables: set names and references, exclude cycles, process rules
 (who may have what they grant), ASPM against boot arguments, partitions and overlaps. Run by
-:class:`gputuned.profile.model.Profile` itself, so every profile object has passed them."""
+:func:`gputuned.profile.load.parse_profile`, the one way a profile object is made, so every
+profile object has passed them."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gputuned.profile.cpusets import PARTITION_MODES as _PARTITION_MODES
-from gputuned.profile.cpusets import check_partitions, overlaps, set_refs, static_cpus
+from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.profile.cpusets import PARTITION_MODES
 from gputuned.profile.messages import Problems, key_path, or_list
-from gputuned.tuners import process
+from gputuned.profile.tables.process import owner_key
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile
-    from gputuned.tuners.process import Config as ProcessConfig
+    from gputuned.profile.tables.process import Config as ProcessConfig
 
 _SET_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 
@@ -88,7 +90,7 @@ def _check_process_rules(p: Profile) -> Problems:
             msg = f"{rule.name!r} is already the name of process[{seen[rule.name]}]; rename one"
             problems.append((f"{at}.name", msg))
         seen.setdefault(rule.name, i)
-        if rule.move_to_partition and mode not in _PARTITION_MODES:
+        if rule.move_to_partition and mode not in PARTITION_MODES:
             where = (
                 "there is no [cpuset] table" if p.cpuset is None else f"[cpuset] mode is {mode!r}"
             )
@@ -144,7 +146,7 @@ def _check_who(rule: ProcessConfig, at: str) -> Problems:
         grants.append(f"CPUs (set {rule.cpus!r})")
     if rule.move_to_partition:
         grants.append("the partition")
-    if not grants or rule.any_user or rule.report_only or process.owner_key(rule.match):
+    if not grants or rule.any_user or rule.report_only or owner_key(rule.match):
         return problems
     msg = (
         f"any local user can start a process this rule matches (exe, comm, cmdline and "
@@ -172,3 +174,116 @@ def _check_aspm_bootargs(p: Profile) -> Problems:
 
 
 # -- schema and generated docs -----------------------------------------------------------------
+
+
+# -- where sets are named, and checks that need no host ----------------------------------------
+
+_IRQ_SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
+_BOOT_SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
+
+
+def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
+    """Every place a set is named: (key path, set name, whether 'keep' is allowed there)."""
+    refs: list[tuple[str, str, bool]] = []
+    if p.irq:
+        refs += [(f"irq.{k}", getattr(p.irq, k), True) for k in _IRQ_SET_KEYS]
+    if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
+        refs.append(("cpuset.cpus", p.cpuset.cpus, False))
+    refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
+    refs += [
+        (f"process[{i}].without_gpu", r.without_gpu, False)
+        for i, r in enumerate(p.process)
+        if r.by_gpu and r.without_gpu != "tree"
+    ]
+    if p.bootargs:
+        for k in _BOOT_SET_KEYS:
+            if getattr(p.bootargs, k) is not None:
+                refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
+    if p.neighbours and isinstance(p.neighbours.cap_cpus, str):
+        refs.append(("neighbours.cap_cpus", p.neighbours.cap_cpus, False))
+    return [r for r in refs if not (r[2] and r[1] == "keep")]
+
+
+def check_partitions(p: Profile) -> Problems:
+    """Several partitions need a set that has members, and a process rule moving into one
+    must choose it by the GPU each process uses (``by_gpu``): a process can be in one cgroup
+    only, and without by_gpu there is no single place for it to go.
+    """
+    cs = p.cpuset
+    if cs is None or cs.partitions == "one" or cs.cpus not in p.cpusets:
+        return []
+    problems: Problems = []
+    spec = p.cpusets[cs.cpus]
+    if cs.partitions == "gpu" and spec.per != "gpu":
+        problems.append(
+            (
+                "cpuset.partitions",
+                f"'gpu' makes one partition per member of a per = 'gpu' set, and set "
+                f"{cs.cpus!r} has no per = 'gpu'; give the set per = 'gpu' or use "
+                "partitions = 'node' or 'one'",
+            )
+        )
+    for i, rule in enumerate(p.process):
+        if rule.move_to_partition and not rule.by_gpu:
+            problems.append(
+                (
+                    f"process[{i}].move_to_partition",
+                    f"[cpuset] partitions = {cs.partitions!r} makes several partitions and a "
+                    "process can be in only one; set by_gpu = true (each process into the "
+                    "partition of the GPU it uses), use partitions = 'one', or "
+                    "move_to_partition = false",
+                )
+            )
+    return problems
+
+
+def overlap_pairs(p: Profile) -> list[tuple[str, str, str, str, str]]:
+    """(key, set, other key, other set, why) for sets that must not share CPUs."""
+    pairs: list[tuple[str, str, str, str, str]] = []
+    if p.cpuset and p.cpuset.mode in PARTITION_MODES and p.cpuset.cpus and p.irq:
+        for k in ("others_cpus", "default_affinity"):
+            name = getattr(p.irq, k)
+            if name != "keep":
+                why = "IRQs there would interrupt the partition; use a set outside it"
+                pairs.append((f"irq.{k}", name, "cpuset.cpus", p.cpuset.cpus, why))
+    if p.bootargs and p.bootargs.irqaffinity:
+        for k in ("nohz_full", "rcu_nocbs"):
+            name = getattr(p.bootargs, k)
+            if name is not None:
+                why = f"IRQs must start outside the {k} CPUs; use a set without them"
+                pairs.append(
+                    ("bootargs.irqaffinity", p.bootargs.irqaffinity, f"bootargs.{k}", name, why)
+                )
+    return pairs
+
+
+def overlaps(p: Profile, cpus_of: Callable[[str], frozenset[int] | None]) -> Problems:
+    problems: Problems = []
+    for key, a, other_key, b, why in overlap_pairs(p):
+        if a == b:
+            problems.append((key, f"names set {a!r}, the same set as {other_key}; {why}"))
+            continue
+        cpus_a, cpus_b = cpus_of(a), cpus_of(b)
+        if cpus_a is not None and cpus_b is not None and cpus_a & cpus_b:
+            msg = (
+                f"set {a!r} ({format_cpulist(cpus_a)}) overlaps set {b!r} of {other_key} "
+                f"({format_cpulist(cpus_b)}) on CPUs {format_cpulist(cpus_a & cpus_b)}; {why}"
+            )
+            problems.append((key, msg))
+    return problems
+
+
+def static_cpus(p: Profile, name: str) -> frozenset[int] | None:
+    """The set's CPUs where they do not depend on the host: literal cpus all the way down and
+    no count or cores (which take whole cores, and cores are the host's). Excluding a literal
+    set takes whole cores on the host, so the host's set is never larger than this one."""
+    spec = p.cpusets[name]
+    if spec.cpus is None or spec.count is not None or spec.cores is not None:
+        return None
+    cpus = parse_cpulist(spec.cpus)
+    for ex in spec.exclude:
+        other = static_cpus(p, ex)
+        if other is None:
+            return None
+        cpus -= other
+    return cpus

@@ -1,6 +1,6 @@
 """Resolve a profile's named CPU sets on one host, and guard the CPUs left for housekeeping.
 
-Sets are cut along cores (:class:`~gputuned.profile.topology.HostCpus`): exclusion removes whole cores,
+Sets are cut along cores (:class:`~gputuned.kernel.topology.HostCpus`): exclusion removes whole cores,
 counts take whole cores, and the GPUs that share a NUMA node share its cores out in blocks, in
 GPU order. The rules are documented on :class:`~gputuned.profile.cpusets.CpuSetSpec`.
 """
@@ -9,18 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gputuned.changes import Refusal
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.engine.changes import Refusal
 from gputuned.errors import PlanError
-from gputuned.profile.cpusets import (
-    PARTITION_MODES,
-    CpuSetSpec,
-    Problems,
-    ResolvedCpus,
-    overlaps,
-    set_refs,
-)
-from gputuned.profile.topology import GpuRef, HostCpus
+from gputuned.kernel.topology import GpuRef, HostCpus
+from gputuned.profile.checks import overlaps, set_refs
+from gputuned.profile.cpusets import PARTITION_MODES, CpuSetSpec, Problems, ResolvedCpus
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile

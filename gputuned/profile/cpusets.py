@@ -8,7 +8,6 @@ This module holds the set model (:class:`CpuSetSpec`), the profile checks that n
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -23,12 +22,11 @@ from pydantic import (
     model_validator,
 )
 
-from gputuned.cpulist import CpuListError, format_cpulist, parse_cpulist
-from gputuned.profile.topology import GpuRef, HostCpus
+from gputuned.cpulist import CpuListError, parse_cpulist
+from gputuned.kernel.topology import GpuRef, HostCpus
 
 if TYPE_CHECKING:
-    from gputuned.profile.model import Profile
-    from gputuned.tuners.cpuset import Config as CpusetConfig
+    from gputuned.profile.tables.cpuset import Config as CpusetConfig
 
 Problems = list[tuple[str, str]]
 PARTITION_MODES = ("isolated", "root")
@@ -141,119 +139,6 @@ class CpuSetSpec(BaseModel):
         if self.count is not None and self.cores is not None:
             raise ValueError("give count (CPUs) or cores, not both")
         return self
-
-
-# -- where sets are named, and checks that need no host ----------------------------------------
-
-_IRQ_SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
-_BOOT_SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
-
-
-def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
-    """Every place a set is named: (key path, set name, whether 'keep' is allowed there)."""
-    refs: list[tuple[str, str, bool]] = []
-    if p.irq:
-        refs += [(f"irq.{k}", getattr(p.irq, k), True) for k in _IRQ_SET_KEYS]
-    if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
-        refs.append(("cpuset.cpus", p.cpuset.cpus, False))
-    refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
-    refs += [
-        (f"process[{i}].without_gpu", r.without_gpu, False)
-        for i, r in enumerate(p.process)
-        if r.by_gpu and r.without_gpu != "tree"
-    ]
-    if p.bootargs:
-        for k in _BOOT_SET_KEYS:
-            if getattr(p.bootargs, k) is not None:
-                refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
-    if p.neighbours and isinstance(p.neighbours.cap_cpus, str):
-        refs.append(("neighbours.cap_cpus", p.neighbours.cap_cpus, False))
-    return [r for r in refs if not (r[2] and r[1] == "keep")]
-
-
-def check_partitions(p: Profile) -> Problems:
-    """Several partitions need a set that has members, and a process rule moving into one
-    must choose it by the GPU each process uses (``by_gpu``): a process can be in one cgroup
-    only, and without by_gpu there is no single place for it to go.
-    """
-    cs = p.cpuset
-    if cs is None or cs.partitions == "one" or cs.cpus not in p.cpusets:
-        return []
-    problems: Problems = []
-    spec = p.cpusets[cs.cpus]
-    if cs.partitions == "gpu" and spec.per != "gpu":
-        problems.append(
-            (
-                "cpuset.partitions",
-                f"'gpu' makes one partition per member of a per = 'gpu' set, and set "
-                f"{cs.cpus!r} has no per = 'gpu'; give the set per = 'gpu' or use "
-                "partitions = 'node' or 'one'",
-            )
-        )
-    for i, rule in enumerate(p.process):
-        if rule.move_to_partition and not rule.by_gpu:
-            problems.append(
-                (
-                    f"process[{i}].move_to_partition",
-                    f"[cpuset] partitions = {cs.partitions!r} makes several partitions and a "
-                    "process can be in only one; set by_gpu = true (each process into the "
-                    "partition of the GPU it uses), use partitions = 'one', or "
-                    "move_to_partition = false",
-                )
-            )
-    return problems
-
-
-def overlap_pairs(p: Profile) -> list[tuple[str, str, str, str, str]]:
-    """(key, set, other key, other set, why) for sets that must not share CPUs."""
-    pairs: list[tuple[str, str, str, str, str]] = []
-    if p.cpuset and p.cpuset.mode in PARTITION_MODES and p.cpuset.cpus and p.irq:
-        for k in ("others_cpus", "default_affinity"):
-            name = getattr(p.irq, k)
-            if name != "keep":
-                why = "IRQs there would interrupt the partition; use a set outside it"
-                pairs.append((f"irq.{k}", name, "cpuset.cpus", p.cpuset.cpus, why))
-    if p.bootargs and p.bootargs.irqaffinity:
-        for k in ("nohz_full", "rcu_nocbs"):
-            name = getattr(p.bootargs, k)
-            if name is not None:
-                why = f"IRQs must start outside the {k} CPUs; use a set without them"
-                pairs.append(
-                    ("bootargs.irqaffinity", p.bootargs.irqaffinity, f"bootargs.{k}", name, why)
-                )
-    return pairs
-
-
-def overlaps(p: Profile, cpus_of: Callable[[str], frozenset[int] | None]) -> Problems:
-    problems: Problems = []
-    for key, a, other_key, b, why in overlap_pairs(p):
-        if a == b:
-            problems.append((key, f"names set {a!r}, the same set as {other_key}; {why}"))
-            continue
-        cpus_a, cpus_b = cpus_of(a), cpus_of(b)
-        if cpus_a is not None and cpus_b is not None and cpus_a & cpus_b:
-            msg = (
-                f"set {a!r} ({format_cpulist(cpus_a)}) overlaps set {b!r} of {other_key} "
-                f"({format_cpulist(cpus_b)}) on CPUs {format_cpulist(cpus_a & cpus_b)}; {why}"
-            )
-            problems.append((key, msg))
-    return problems
-
-
-def static_cpus(p: Profile, name: str) -> frozenset[int] | None:
-    """The set's CPUs where they do not depend on the host: literal cpus all the way down and
-    no count or cores (which take whole cores, and cores are the host's). Excluding a literal
-    set takes whole cores on the host, so the host's set is never larger than this one."""
-    spec = p.cpusets[name]
-    if spec.cpus is None or spec.count is not None or spec.cores is not None:
-        return None
-    cpus = parse_cpulist(spec.cpus)
-    for ex in spec.exclude:
-        other = static_cpus(p, ex)
-        if other is None:
-            return None
-        cpus -= other
-    return cpus
 
 
 # -- sets resolved on a host -------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gputuned.errors import ProfileError
+from gputuned.profile.checks import check_profile
 from gputuned.profile.messages import problems_from
 from gputuned.profile.model import Profile
 from gputuned.store.profiledirs import ProfileDirs, is_profile_name
@@ -42,11 +43,13 @@ def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
     if _too_deep(data):
         raise ProfileError(source, [("", _TOO_DEEP)])
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         raise ProfileError(source, problems_from(exc, Profile)) from None
-    except ProfileError as exc:
-        raise ProfileError(source, exc.problems) from None
+    problems = check_profile(profile)
+    if problems:
+        raise ProfileError(source, problems)
+    return profile
 
 
 def _load_tree(

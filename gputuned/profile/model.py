@@ -25,23 +25,22 @@ two sets overlap once resolved) run when the profile is planned on that host.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from gputuned.daemon.config import Config as DaemonConfig
-from gputuned.errors import ProfileError
-from gputuned.profile.checks import check_profile
 from gputuned.profile.cpusets import CpuSetSpec
-from gputuned.tuners.bootargs import Config as BootargsConfig
-from gputuned.tuners.cpuset import Config as CpusetConfig
-from gputuned.tuners.irq import Config as IrqConfig
-from gputuned.tuners.neighbours import Config as NeighboursConfig
-from gputuned.tuners.pcie_aspm import Config as PcieAspmConfig
-from gputuned.tuners.pcie_payload import Config as PciePayloadConfig
-from gputuned.tuners.process import Config as ProcessConfig
+from gputuned.profile.tables.bootargs import Config as BootargsConfig
+from gputuned.profile.tables.cpuset import Config as CpusetConfig
+from gputuned.profile.tables.daemon import Config as DaemonConfig
+from gputuned.profile.tables.irq import Config as IrqConfig
+from gputuned.profile.tables.neighbours import Config as NeighboursConfig
+from gputuned.profile.tables.pcie_aspm import Config as PcieAspmConfig
+from gputuned.profile.tables.pcie_payload import Config as PciePayloadConfig
+from gputuned.profile.tables.process import Config as ProcessConfig
 
 
 class Profile(BaseModel):
-    """A whole profile, after includes are merged. Every instance has passed the cross checks."""
+    """A whole profile, after includes are merged. Made by gputuned/profile/load.py
+    ``parse_profile`` only, which runs the checks across tables (gputuned/profile/checks.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,11 +70,3 @@ class Profile(BaseModel):
     daemon: DaemonConfig = Field(
         default_factory=DaemonConfig, description="How the gputuned service keeps the profile."
     )
-
-    @model_validator(mode="after")
-    def _cross_check(self) -> Profile:
-        # Raised as ProfileError, which pydantic lets through; parse_profile adds the file name.
-        problems = check_profile(self)
-        if problems:
-            raise ProfileError("<profile>", problems)
-        return self

@@ -2,7 +2,7 @@
 
 An :class:`Op` is a single write to the machine: its identity (``key``), the kind of setting
 it is (``kind``), where (``path``, ``data``) and what (``value``). A plan's
-:class:`~gputuned.engine.changes.Change` becomes one op, or one per thread for a process's threads.
+:class:`~gputuned.changes.Change` becomes one op, or one per thread for a process's threads.
 
 Each kind is one subclass of :class:`Setting` (one module of this package each), holding for
 its ops, as TuneD keeps a plugin's get and set together:
@@ -30,7 +30,7 @@ from gputuned import errors
 from gputuned.kernel.procfs import parse_stat
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
@@ -93,7 +93,7 @@ class Setting:
 
     #: The op kind, as the journal names it.
     kind: ClassVar[str] = ""
-    #: The change kind (tuners' :class:`~gputuned.engine.changes.Change`) whose ops are this kind.
+    #: The change kind (tuners' :class:`~gputuned.changes.Change`) whose ops are this kind.
     change_kind: ClassVar[str] = ""
     #: A setting of a process gputuned placed: skipped when the process has gone, and what a
     #: child shows after fork was passed on by its parent (tuners/proctree.py origins()).

@@ -15,7 +15,7 @@ from gputuned.settings.base import ABSENT, Op, Setting
 from gputuned.settings.sysfs import CGROUP
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 _STATES = ("present", ABSENT)

@@ -19,7 +19,7 @@ from gputuned.settings.base import Op, Setting
 from gputuned.settings.sysfs import CGROUP, same
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 _OPTIONS = re.compile(r"[a-z0-9_]+(=[a-z0-9_]+)?(,[a-z0-9_]+(=[a-z0-9_]+)?)*")

@@ -17,7 +17,7 @@ from gputuned.settings.base import Op, ReadBackMismatch, Setting
 from gputuned.settings.sysfs import PCI_DEVICE
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 #: DevCtl MPS and MRRS (mask -> shift; tuners/pcie_payload.py).

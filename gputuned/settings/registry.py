@@ -19,7 +19,7 @@ from gputuned import errors
 from gputuned.settings.base import Op, Setting
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 

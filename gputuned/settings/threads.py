@@ -26,11 +26,11 @@ from gputuned.kernel.system import cgroup_cpus
 from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
     from gputuned.kernel.proc import ThreadInfo
 
-#: Journal value of an affinity the thread never set itself (tuners/process.py _plan_proc).
+#: Journal value of an affinity the thread never set itself (gputuned/tuners/procplan.py _plan_proc).
 DEFAULT_AFFINITY = "cgroup-default"
 _CPULIST = re.compile(r"[0-9,\-:/]{0,4096}")
 _POLICY = re.compile(r"(other|batch|idle)|(fifo|rr):\d{1,2}")

@@ -20,7 +20,7 @@ from gputuned.settings.sysfs import CGROUP, CPUSET_FILE, SysfsAttribute
 from gputuned.store import state
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
     from gputuned.kernel import Kernel
 
 _CPULIST = re.compile(r"[0-9,\-]{0,4000}")

@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.engine.changes import Change, PlanContext, Refusal, TunerPlan
+from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.kernel import Kernel, mounts
+from gputuned.tuners.context import PlanContext
 
 if TYPE_CHECKING:
-    from gputuned.tuners.cpuset import Config
+    from gputuned.profile.tables.cpuset import Config
 
 _CGROUP_NS = "/proc/self/ns/cgroup"
 #: The initial cgroup namespace's inode is fixed: PROC_CGROUP_INIT_INO (include/linux/proc_ns.h).

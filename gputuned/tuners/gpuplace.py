@@ -34,10 +34,9 @@ from gputuned.profile.cpusets import PARTITION_MODES, PartitionSpec, partition_l
 from gputuned.tuners.gpuuse import gpu_use
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import PlanContext
+    from gputuned.profile.tables.process import Config
+    from gputuned.tuners.context import Claim, PlanContext
     from gputuned.tuners.gpuuse import GpuUse
-    from gputuned.tuners.process import Config
-    from gputuned.tuners.proctree import Claim
 
 
 @dataclass(frozen=True)

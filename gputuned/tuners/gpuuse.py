@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from gputuned.kernel import Kernel
 from gputuned.kernel.gpuuse import device_minors, driver_minors, gpu_environ
 from gputuned.kernel.nvml import NvmlGpu
-from gputuned.profile.topology import GpuRef
+from gputuned.kernel.topology import GpuRef
 
 
 @dataclass(frozen=True)

@@ -46,13 +46,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gputuned import errors
+from gputuned.changes import Change, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
-from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.kernel.proc import ancestor_in
 from gputuned.kernel.procfs import cgroup_path
 from gputuned.kernel.system import has_exclusive_cpus
 from gputuned.kernel.systemd import ALLOWED_CPUS, TRANSIENT_DIR, dropin, unit_of
-from gputuned.tuners.proctree import Claim, claim_processes
+from gputuned.tuners.context import Claim, PlanContext
+from gputuned.tuners.proctree import claim_processes
 
 _MEMO = "inplace"
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gputuned.changes import Refusal
 from gputuned.cpulist import format_cpulist
-from gputuned.engine.changes import Refusal
 from gputuned.kernel import Kernel
 from gputuned.kernel.system import Partition, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec
 
 if TYPE_CHECKING:
-    from gputuned.tuners.cpuset import Config
+    from gputuned.profile.tables.cpuset import Config
 
 
 def shared_refusal(

@@ -1,6 +1,6 @@
 """Planning a claimed process's settings: nice, policy, its cgroup, then the affinity of
 every thread (one CPU a thread for a spread tree), and giving back what a left-out
-descendant inherited. The [[process]] table and its rules are :mod:`gputuned.tuners.process`."""
+descendant inherited. The [[process]] table and its rules are :mod:`gputuned.profile.tables.process`."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from gputuned import errors
+from gputuned.changes import Change, TunerPlan
 from gputuned.cpulist import format_cpulist
-from gputuned.engine.changes import Change, PlanContext, TunerPlan
 from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.kernel.system import cgroup_cpus, nearest_cgroup
+from gputuned.profile.tables.process import Config
 from gputuned.settings.threads import DEFAULT_AFFINITY, policy_value
 from gputuned.tuners import inplace
 from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.context import Claim, PlanContext
 from gputuned.tuners.gpuplace import Target, by_gpu_targets
-from gputuned.tuners.process import Config
 from gputuned.tuners.proctree import (
-    Claim,
     Tuned,
     claim,
     claim_input,

@@ -31,29 +31,17 @@ from gputuned.cpulist import parse_cpulist
 from gputuned.kernel.proc import read_process
 from gputuned.settings.threads import policy_value, thread_value
 from gputuned.tuners.cmdmatch import SEARCHES
+from gputuned.tuners.context import Claim
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import PlanContext
     from gputuned.kernel.proc import ProcInfo, ThreadInfo
-    from gputuned.tuners.process import Config, Exclude, Match
+    from gputuned.profile.tables.process import Config, Exclude, Match
+    from gputuned.tuners.context import PlanContext
 
 #: Processes of gputuned itself are never placed, whatever a rule says.
 OWN_COMMS = ("gputunectl", "gputuned")
 #: The attributes a placement passes on at fork, as they are keyed in the journal.
 INHERITED = ("nice", "policy", "affinity", "cgroup")
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A process a rule claims. ``role``: "match" (the rule's keys, or a registration),
-    "child" (a descendant, placed like the match) or "excluded" (a descendant the rule leaves
-    out: it gets back what its ancestor had before gputuned). ``parent``: the claimed process
-    it descends from, 0 for none."""
-
-    rule: str
-    role: str
-    start: int
-    parent: int = 0
 
 
 # ---- matching -----------------------------------------------------------------------------
@@ -73,28 +61,6 @@ def system_unit(cgroup: str) -> str | None:
         if part.endswith(".slice"):
             continue
         return part if part.endswith((".service", ".scope")) else None
-    return None
-
-
-def owner_key(match: Match) -> str | None:
-    """The key of ``match`` that only the host's administrator can satisfy, or None.
-
-    ``user``/``uid``: a process runs as an account only if that account started it (or root).
-    ``unit``: only the system manager creates system units. ``cgroup`` outside ``user.slice``:
-    only root creates cgroups there (users' delegated subtrees are under user.slice). ``exe``,
-    ``comm``, ``cmdline`` and ``uses_gpu`` are every user's to choose: a script named vllm.py,
-    ``exec -a``, a copy of the interpreter.
-    """
-    if match.user is not None:
-        return "user"
-    if match.uid is not None:
-        return "uid"
-    if match.unit is not None:
-        return "unit"
-    if match.cgroup is not None:
-        top = next((p for p in match.cgroup.split("/") if p), None)
-        if top is not None and top != "user.slice":
-            return "cgroup"
     return None
 
 

@@ -1,6 +1,6 @@
 """The settings of one process a `[[process]]` rule claims, as plan changes.
 
-One :class:`~gputuned.engine.changes.Change` per attribute (nice, policy, affinity: one value per
+One :class:`~gputuned.changes.Change` per attribute (nice, policy, affinity: one value per
 thread; the cgroup: the whole process), keyed as the journal keys them, each carrying the
 originals :mod:`gputuned.tuners.proctree` worked out: a thread that shows what a placement
 passed on at fork has its ancestor's original journaled, not the value it shows.
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gputuned.engine.changes import Change, PlanContext
+from gputuned.changes import Change
+from gputuned.tuners.context import PlanContext
 
 if TYPE_CHECKING:
     from gputuned.kernel.proc import ProcInfo
-    from gputuned.tuners.process import Config
-    from gputuned.tuners.proctree import Claim, Tuned
+    from gputuned.profile.tables.process import Config
+    from gputuned.tuners.context import Claim
+    from gputuned.tuners.proctree import Tuned
 
 
 class ChangeWriter:

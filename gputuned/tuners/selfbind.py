@@ -38,11 +38,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gputuned import errors
-from gputuned.engine.changes import PlanContext
 from gputuned.kernel.gpuuse import environ_values
 from gputuned.kernel.proc import ProcInfo, read_process
 from gputuned.textsafe import printable
-from gputuned.tuners.proctree import Claim
+from gputuned.tuners.context import Claim, PlanContext
 
 #: Command-line tokens looked at: flags sit among the first few hundred.
 MAX_TOKENS = 512

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.tuners.context import Held
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change, PlanContext
+    from gputuned.changes import Change
     from gputuned.kernel.proc import ProcInfo
-    from gputuned.tuners.process import Config
-    from gputuned.tuners.proctree import Claim
+    from gputuned.profile.tables.process import Config
+    from gputuned.tuners.context import Claim, PlanContext
 
 
 @dataclass(frozen=True)
@@ -215,14 +216,6 @@ def _placed_earlier(
 
 
 # ---- what the daemon placed --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Held:
-    """The CPUs of a placed process's threads, as its placement left them."""
-
-    start: int
-    threads: dict[int, frozenset[int]]
 
 
 def held_threads(settings: Iterable[Change]) -> dict[int, Held]:

@@ -18,7 +18,8 @@ from gputuned import errors
 from gputuned.engine.plan import plan_profile
 from gputuned.kernel.proc import CMDLINE_BYTES, read_process
 from gputuned.profile.load import parse_profile
-from gputuned.tuners.cmdmatch import SEARCHES, Searches, check_pattern
+from gputuned.profile.patterns import check_pattern
+from gputuned.tuners.cmdmatch import SEARCHES, Searches
 from tests.fakeproc import add_process, remove_process
 from tests.faults import tree_kernel
 from tests.unit.test_apply import SERVER_UID, SERVER_USER, tree_copy

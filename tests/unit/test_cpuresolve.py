@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
+from gputuned.changes import Refusal
 from gputuned.cpulist import parse_cpulist
-from gputuned.engine.changes import Refusal
 from gputuned.errors import PlanError
 from gputuned.kernel.pci import scan
 from gputuned.kernel.system import read_host_cpus
+from gputuned.kernel.topology import HostCpus
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.cpusets import ResolvedCpus
 from gputuned.profile.load import parse_profile
 from gputuned.profile.model import Profile
-from gputuned.profile.topology import HostCpus
 from tests.conftest import TREES_DIR
 from tests.faults import tree_kernel
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from gputuned.errors import PlanError, ProfileError
+from gputuned.kernel.topology import GpuRef, HostCpus
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.cpusets import ResolvedCpus
 from gputuned.profile.load import load_profile
 from gputuned.profile.model import Profile
-from gputuned.profile.topology import GpuRef, HostCpus
 from tests.unit.test_profile import problems
 
 REPO = Path(__file__).resolve().parents[2]

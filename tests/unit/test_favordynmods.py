@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.engine.apply import ApplyError, apply_profile, read_state, revert_all
-from gputuned.engine.changes import Change
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.verify import verify_plan

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.cpulist import parse_cpulist
 from gputuned.engine.apply import ApplyError, apply_profile, revert_all
-from gputuned.engine.changes import Change
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.profile.load import parse_profile
 from gputuned.profile.model import Profile

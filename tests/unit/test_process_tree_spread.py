@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gputuned.changes import Change
 from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, revert_all
-from gputuned.engine.changes import Change
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import plan_profile
 from gputuned.kernel.proc import read_process

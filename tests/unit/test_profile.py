@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from gputuned.errors import ProfileError
+from gputuned.kernel.topology import GpuRef, HostCpus
 from gputuned.profile.cpuresolve import resolve_cpusets
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.profile.messages import key_path
 from gputuned.profile.model import Profile
 from gputuned.profile.schema import profile_schema, render_profile_docs
-from gputuned.profile.topology import GpuRef, HostCpus
 from gputuned.store.userfiles import MAX_USER_FILE, read_user_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gputuned.cli import main as cli
+from gputuned.engine.recommend import recommend
 from gputuned.errors import ProfileError
 from gputuned.profile.load import load_profile
-from gputuned.profile.recommend import recommend
 from gputuned.store.profiledirs import ProfileDirs, shipped_dir
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel

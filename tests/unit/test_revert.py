@@ -23,9 +23,10 @@ import pytest
 from gputuned import errors
 from gputuned.cpulist import format_cpulist
 from gputuned.engine.apply import apply_profile, restore_processes, revert_all
+from gputuned.engine.applyreport import RevertReport
 from gputuned.engine.grub import write_dropin
 from gputuned.engine.journal import Journal
-from gputuned.engine.revert import RevertReport, forget_process
+from gputuned.engine.revert import forget_process
 from gputuned.kernel.proc import read_process
 from gputuned.kernel.tasks import where
 from gputuned.profile.load import load_profile, parse_profile

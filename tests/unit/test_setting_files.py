@@ -449,7 +449,7 @@ def test_kinds_defined_below_another_kind_are_found_too() -> None:
 def test_a_kind_gputuned_does_not_have_is_an_error_naming_it() -> None:
     """An op or a change of an unknown kind (a journal of a newer gputuned) is refused by
     name, never passed on to a class that would write it."""
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
 
     with pytest.raises(ValueError, match="unknown op kind 'shell'"):
         setting("shell")
@@ -460,7 +460,7 @@ def test_a_kind_gputuned_does_not_have_is_an_error_naming_it() -> None:
 def test_a_change_expands_to_the_op_of_its_kind() -> None:
     """A plan's change becomes the op apply journals and writes: same key, path, value and
     comparison (a mount's compared as options), its data copied, not shared."""
-    from gputuned.engine.changes import Change
+    from gputuned.changes import Change
 
     ch = Change("irq", "irq 40", "0-7", "1", "", path=irq(40).path, compare="cpulist")
     (op,) = expand(ch)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from gputuned import errors
+from gputuned.changes import Change
 from gputuned.engine.applyreport import ApplyError, ApplyReport
-from gputuned.engine.changes import Change
 from gputuned.engine.commit import write_one
 from gputuned.engine.journal import Journal
 from gputuned.engine.opcheck import refusal

@@ -45,9 +45,9 @@ DYNAMIC: dict[tuple[str, str], str] = {
         "str(exc)",
     ): "the PermissionDenied of a real-time policy write (kernel/tasks.py RT_REFUSED)",
     (
-        "gputuned/daemon/access.py",
+        "gputuned/tuners/daemon.py",
         "str(exc)",
-    ): "metrics_allowed()'s InvalidValue, quoted in the page",
+    ): "resolve_metrics_allow()'s InvalidValue, quoted in the page",
     (
         "gputuned/settings/registry.py",
         "setting(op.kind).not_possible(op, exc)",

@@ -25,10 +25,10 @@ from typing import Any
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.engine.inspect import snapshot
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.kernel import Kernel
 from gputuned.kernel.proc import iter_processes, list_pids, user_name
+from gputuned.kernel.snapshot import snapshot
 from gputuned.kernel.system import read_host_cpus
 from gputuned.profile.load import load_profile
 from gputuned.store.profiledirs import ProfileDirs

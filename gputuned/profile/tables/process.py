@@ -109,25 +109,16 @@ from pydantic import (
     model_validator,
 )
 
-from gputuned.settings.threads import policy_value
-from gputuned.tuners.cmdmatch import check_pattern
-from gputuned.tuners.proctree import Claim, claim_processes, matches, owner_key
-
-__all__ = [
-    "Claim",
-    "Config",
-    "Exclude",
-    "Match",
-    "claim_processes",
-    "matches",
-    "owner_key",
-    "policy_value",
-]
+from gputuned.profile.patterns import check_pattern
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
 COMM_MAX = 15
+
+
 #: systemd's unit name characters (src/basic/unit-name.c VALID_CHARS), '@' for instances.
 _UNIT_STEM = re.compile(r"[A-Za-z0-9:_.\\@-]+")
+
+
 #: useradd(8)'s default NAME_REGEX, with '.' (common) and at most 32 characters.
 _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
@@ -415,3 +406,25 @@ class Config(BaseModel):
                 "'fifo' or 'rr': remove it or set it to 0"
             )
         return value
+
+
+def owner_key(match: Match) -> str | None:
+    """The key of ``match`` that only the host's administrator can satisfy, or None.
+
+    ``user``/``uid``: a process runs as an account only if that account started it (or root).
+    ``unit``: only the system manager creates system units. ``cgroup`` outside ``user.slice``:
+    only root creates cgroups there (users' delegated subtrees are under user.slice). ``exe``,
+    ``comm``, ``cmdline`` and ``uses_gpu`` are every user's to choose: a script named vllm.py,
+    ``exec -a``, a copy of the interpreter.
+    """
+    if match.user is not None:
+        return "user"
+    if match.uid is not None:
+        return "uid"
+    if match.unit is not None:
+        return "unit"
+    if match.cgroup is not None:
+        top = next((p for p in match.cgroup.split("/") if p), None)
+        if top is not None and top != "user.slice":
+            return "cgroup"
+    return None

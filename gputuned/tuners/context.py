@@ -1,7 +1,6 @@
-"""What tuners return from ``plan``: changes, refusals, notes. Data only.
-
-A :class:`Change` is (tuner, target, current value, wanted value, why). Tuners import these
-types from here; the engine collects them.
+"""What tuners plan against (:class:`PlanContext`: the host read once, the profile, the
+resolved CPU sets) and what a tuner is (:class:`Tuner`). The engine builds the context
+(gputuned/engine/plan.py ``read_context``); tuners read it and return a TunerPlan.
 """
 
 from __future__ import annotations
@@ -11,67 +10,36 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from gputuned.engine.inspect import Snapshot
+    from gputuned.changes import TunerPlan
     from gputuned.kernel import Kernel
     from gputuned.kernel.proc import ProcInfo
+    from gputuned.kernel.snapshot import Snapshot
     from gputuned.kernel.system import CgroupLayout, Irq
+    from gputuned.kernel.topology import HostCpus
     from gputuned.profile.cpusets import ResolvedCpus
     from gputuned.profile.model import Profile
-    from gputuned.profile.topology import HostCpus
     from gputuned.tuners.gpuuse import GpuUse
-    from gputuned.tuners.proctree import Claim
-    from gputuned.tuners.spread import Held
 
 
 @dataclass(frozen=True)
-class Change:
-    """One setting a profile manages: what it is now, what the profile wants, and why.
+class Claim:
+    """A process a rule claims. ``role``: "match" (the rule's keys, or a registration),
+    "child" (a descendant, placed like the match) or "excluded" (a descendant the rule leaves
+    out: it gets back what its ancestor had before gputuned). ``parent``: the claimed process
+    it descends from, 0 for none."""
 
-    ``in_sync`` settings are already right; plan lists only the others, but apply and verify
-    need both (a setting that is right is still managed: switching profiles must not revert it).
-    """
-
-    tuner: str
-    target: str
-    current: str
-    wanted: str
-    why: str
-    path: str = ""  # the host file written, where there is one
-    report_only: bool = False  # listed, never applied (the tuner's report_only switch)
-    key: str = ""  # identity of the setting across plans and in the journal
-    #: How it is read and written: the change kind of one class of gputuned/settings/ (the
-    #: module says what ``path``, ``compare`` and ``data`` hold for it).
-    kind: str = "sysfs"
-    compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition; mount: options
-    data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    in_sync: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.key:
-            object.__setattr__(self, "key", f"{self.kind}:{self.path or self.target}")
+    rule: str
+    role: str
+    start: int
+    parent: int = 0
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """Something the profile asks for that gputuned will not or cannot do here, and why.
+class Held:
+    """The CPUs of a placed process's threads, as its placement left them."""
 
-    Most refusals leave the rest of the profile to be applied. A ``blocking`` one means that
-    applying any of it would do harm here (another cgroup's partition already holds the
-    profile's CPUs): ``plan_profile`` then raises PlanError and apply writes nothing.
-    """
-
-    tuner: str
-    target: str
-    reason: str
-    blocking: bool = False
-
-
-@dataclass
-class TunerPlan:
-    changes: list[Change] = field(default_factory=list)
-    refused: list[Refusal] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    pending_boot: list[str] = field(default_factory=list)
+    start: int
+    threads: dict[int, frozenset[int]]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Plain data about the host's CPUs and GPUs, as the profile layer needs it.
+"""Plain data about the host's CPUs and GPUs: what the planner and the profile's CPU sets read.
 
 Built by :func:`gputuned.kernel.system.read_host_cpus` through the kernel port;
 profiles resolve named CPU sets against it without touching the machine.

@@ -1,6 +1,6 @@
 """CPU topology and CPU placement per GPU and per NUMA node, as inspect and plan show them.
 
-Pure functions over what was already read (:class:`~gputuned.profile.topology.HostCpus`, a plan's
+Pure functions over what was already read (:class:`~gputuned.kernel.topology.HostCpus`, a plan's
 settings): nothing here reads the host. The dicts they return are the JSON output;
 :mod:`gputuned.cli.render` prints them as tables.
 """
@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.kernel.topology import HostCpus
 from gputuned.profile.cpusets import PARTITION_MODES, partition_layout
-from gputuned.profile.topology import HostCpus
 
 if TYPE_CHECKING:
-    from gputuned.engine.changes import Change, PlanContext
+    from gputuned.changes import Change
     from gputuned.kernel.nvml import NvmlGpu
+    from gputuned.tuners.context import PlanContext
 
 
 def smt_numbering(host: HostCpus) -> str:
