@@ -12,6 +12,7 @@ counts as an import of the package ``gputuned.a`` too.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,6 +166,45 @@ def test_imports_go_down_the_declared_order_of_rooms() -> None:
         if ROOMS.index(room_of(d)) > ROOMS.index(room_of(m))
     )
     assert up == [], "imports up the order of rooms (ROOMS):\n" + "\n".join(up)
+
+
+ARCH_DOC = PKG.parent / "docs" / "dev" / "architecture.md"
+
+
+def missing_from_the_doc(doc: str, top: Path = PKG) -> list[str]:
+    """Modules and rooms docs/dev/architecture.md does not name: each room has a row of its
+    table (`` | `kernel/` | ... | ``) naming each of its modules in backquotes (``pci`` or
+    ``pci.py``; in a folder of the room, the folder too: ``tables/``); a top-level module is
+    named anywhere; every room of ROOMS has its place in the diagram."""
+    rows = dict(re.findall(r"^\| `(\w+)/` \| (.*) \|$", doc, re.M))
+    missing = [f"room {r}/ (no row)" for r in ROOMS if (top / r).is_dir() and r not in rows]
+    missing += [f"room {r} (not in the diagram)" for r in ROOMS if r != "base" and
+                f"{r}/" not in doc.split("## The rooms", maxsplit=1)[0] and f"{r}.py" not in doc]  # fmt: skip
+    for path in sorted(top.rglob("*.py")):
+        rel = path.relative_to(top)
+        if rel.name in ("__init__.py", "__main__.py"):
+            continue
+        text = doc if len(rel.parts) == 1 else rows.get(rel.parts[0], "")
+        named = f"`{rel.stem}`" in text or f"`{rel.name}`" in text
+        if len(rel.parts) > 2:  # a folder inside a room: its own name too
+            named = named and f"`{'/'.join(rel.parts[1:-1])}/`" in text
+        if not named:
+            missing.append(str(rel))
+    return missing
+
+
+def test_the_architecture_doc_names_every_room_and_module() -> None:
+    assert missing_from_the_doc(ARCH_DOC.read_text()) == []
+
+
+def test_the_doc_check_finds_what_is_missing() -> None:
+    doc = ARCH_DOC.read_text()
+    assert missing_from_the_doc(doc.replace("`tasks`", "tasks")) == [
+        "kernel/tasks.py",
+        "sim/tasks.py",
+    ]
+    without_row = re.sub(r"^\| `store/` \|.*$", "", doc, flags=re.M)
+    assert "room store/ (no row)" in missing_from_the_doc(without_row)
 
 
 def test_only_the_root_chooser_imports_the_simulator() -> None:
