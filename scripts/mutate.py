@@ -41,14 +41,17 @@ TOP = Path(__file__).resolve().parent.parent
 CACHE = TOP / ".mutation"
 EQUIVALENT = TOP / "scripts" / "mutate-equivalent"
 
-#: The modules the promise rests on: revert, the journal, the planners' guards, CPU lists, the
+#: The modules the promise rests on: revert, the journal, the planners' guards (with their
+#: tables' models: the size and mode checks moved there from the tuners), CPU lists, the
 #: setting classes and the daemon's placement.
 CORE = (
     "gputuned/cpulist.py",
     "gputuned/tuners/pcie_payload.py",
+    "gputuned/profile/tables/pcie_payload.py",
     "gputuned/engine/journal.py",
     "gputuned/profile/cpuresolve.py",
     "gputuned/tuners/irq.py",
+    "gputuned/profile/tables/irq.py",
     "gputuned/engine/revert.py",
     "gputuned/settings/base.py",
     "gputuned/settings/cgroups.py",
