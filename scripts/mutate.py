@@ -414,6 +414,19 @@ def _run_one(work: Path, m: Mutant, tests: list[str], timeout: float) -> tuple[s
             stale.unlink()
 
 
+def _toml_of(module: str) -> Path:
+    """scripts/mutate-equivalent/<module>.toml: gputuned/tuners/irq.py -> tuners.irq.toml."""
+    return EQUIVALENT / (".".join(Path(module).with_suffix("").parts[1:]) + ".toml")
+
+
+def _declared_tests(module: str) -> list[str]:
+    """The module file's ``also``: tests of what runs at import where coverage does not see it
+    (a pydantic model's field declarations are run inside pydantic, when a profile is loaded,
+    not at a line of the module): run first for every mutant outside a function."""
+    f = _toml_of(module)
+    return list(tomllib.loads(f.read_text()).get("also", [])) if f.is_file() else []
+
+
 def _equivalents() -> dict[str, str]:
     """{mutant key: why no test can tell it from the original}, one file per module."""
     out: dict[str, str] = {}
@@ -454,7 +467,10 @@ def run(args: argparse.Namespace) -> int:
                 if mu.in_function
                 else set().union(*covered[m].values())
             )
-            tests = also + sorted(own - set(also))  # the named tests first: -x stops at one
+            first = also + [
+                t for t in ([] if mu.in_function else _declared_tests(m)) if t not in also
+            ]
+            tests = first + sorted(own - set(first))  # the named tests first: -x stops at one
             if not tests:
                 results.append(Result(mu, "not covered", 0.0, 0))
                 continue

@@ -506,3 +506,17 @@ def test_a_misspelt_irq_key_is_an_error_and_the_table_is_read_only() -> None:
     assert prof.irq is not None and prof.irq.spread and not prof.irq.report_only
     with pytest.raises(ValueError, match="frozen"):
         prof.irq.others_cpus = "keep"  # type: ignore[misc]  # what the test checks
+
+
+def test_a_gpu_vector_that_proc_interrupts_does_not_list_is_placed_too(tmp_path: Path) -> None:
+    """/proc/interrupts leaves out a vector the driver allocated but has no handler on yet
+    (kernel/irq/proc.c: no action and no count); its /proc/irq/N is there, and the kernel
+    keeps an affinity set there when the handler comes. The user relies on every vector of
+    the GPU being placed, not only those that fired."""
+    root = copy("two-gpu-one-node", tmp_path)
+    lines = (root / "proc/interrupts").read_text().splitlines(keepends=True)
+    put(root, "proc/interrupts", "".join(x for x in lines if not x.lstrip().startswith("43:")))
+    result = plan(root, profile({"irqs": {"cpus": "1-6"}}, gpu_cpus="irqs"))
+    got = targets(result)
+    assert got[43] == "6" and set(got) == set(range(40, 48)) | set(range(49, 57))
+    assert affinity_settings(result)[43].current == "0-15"

@@ -65,3 +65,18 @@ def test_equivalent_mutants_named_in_the_docs_still_exist() -> None:
     stale = [(name, e["mutant"]) for name, e in entries if e["mutant"] not in live]
     assert stale == []
     assert all(len(e.get("why", "").split()) >= 5 for _, e in entries)
+
+
+def test_each_modules_file_names_a_core_module_and_tests_that_exist() -> None:
+    """A file of scripts/mutate-equivalent/ belongs to a module the script mutates (one left
+    behind by a move would hold nothing), and its ``also`` tests exist and are run first for
+    that module's mutants outside functions."""
+    for f in sorted((TOP / "scripts" / "mutate-equivalent").glob("*.toml")):
+        owner = [m for m in mutate.CORE if mutate._toml_of(m) == f]
+        assert owner, f"{f.name}: no module of CORE"
+        also = tomllib.loads(f.read_text()).get("also", [])
+        assert all((TOP / t.split("::")[0]).is_file() for t in also), (f.name, also)
+        assert mutate._declared_tests(owner[0]) == also
+    assert mutate._declared_tests("gputuned/profile/tables/irq.py") == [
+        "tests/unit/test_profile.py"
+    ]

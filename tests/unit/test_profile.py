@@ -537,6 +537,30 @@ def test_profiles_are_frozen(tmp_path: Path) -> None:
         profile.name = "other"  # type: ignore[misc]
 
 
+def test_no_table_of_a_loaded_profile_can_be_changed_in_place() -> None:
+    """The daemon keeps the profile it applied and plans against it again at every event: a
+    table changed in place would make it plan something no file says. Every table is frozen,
+    as the profile is."""
+    from pydantic import BaseModel
+
+    from tests.unit.test_apply import full_profile
+
+    prof = full_profile(bootargs={"extra": ["quiet"]}, neighbours={"weight": 50})
+    tables = [
+        k for k in Profile.model_fields if k not in ("name", "description", "include", "cpusets")
+    ]
+    seen = []
+    for key in tables:
+        value = getattr(prof, key)
+        for table in value if isinstance(value, tuple) else (value,):
+            assert isinstance(table, BaseModel), f"[{key}] missing from the test's profile"
+            field = next(iter(type(table).model_fields))
+            with pytest.raises(ValueError, match="frozen"):
+                setattr(table, field, getattr(table, field))
+            seen.append(key)
+    assert sorted(set(seen)) == sorted(tables)
+
+
 # -- reading files -------------------------------------------------------------------------------
 
 
