@@ -40,6 +40,10 @@ from pathlib import Path
 TOP = Path(__file__).resolve().parent.parent
 CACHE = TOP / ".mutation"
 EQUIVALENT = TOP / "scripts" / "mutate-equivalent"
+#: A line run while pytest collected the tests (no test's context): a cached function first
+#: called by a test module's import, for instance.
+AT_COLLECTION = "<collection>"
+LINES_FORMAT = 2  # .mutation/lines.json written by an older script is run again
 
 #: The modules the promise rests on: revert, the journal, the planners' guards (with their
 #: tables' models: the size and mode checks moved there from the tuners), CPU lists, the
@@ -196,9 +200,8 @@ def mutants_of(module: str) -> list[Mutant]:
     def visit(node: ast.AST, where: str, in_function: bool) -> None:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             where = f"{where}.{node.name}" if where else node.name
-        in_function = in_function or isinstance(
-            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
-        )
+        is_def = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        inner = in_function or is_def
         if isinstance(node, ast.If) and _type_checking(node.test):
             return
         for kind, new in _changes(node):
@@ -213,9 +216,12 @@ def mutants_of(module: str) -> list[Mutant]:
             return  # message text, and what is logged
         for name, value in ast.iter_fields(node):
             if name not in _SKIP_FIELDS:
+                # A def's defaults, decorators and annotations run when the def does (at
+                # import, for a module's functions), its body when it is called.
+                runs_inside = inner if name == "body" or not is_def else in_function
                 for child in value if isinstance(value, list) else [value]:
                     if isinstance(child, ast.AST):
-                        visit(child, where, in_function)
+                        visit(child, where, runs_inside)
 
     for node in ast.parse(text).body:
         if isinstance(node, ast.Import | ast.ImportFrom) or _is_docstring(node):
@@ -306,7 +312,10 @@ def line_tests(modules: list[str], refresh: bool) -> dict[str, dict[int, set[str
     cached = CACHE / "lines.json"
     if cached.exists() and not refresh:
         data = json.loads(cached.read_text())
-        if all(m in data and data[m]["sha"] == _sha(m) for m in modules):
+        if all(
+            m in data and data[m]["sha"] == _sha(m) and data[m].get("format") == LINES_FORMAT
+            for m in modules
+        ):
             return {m: {int(k): set(v) for k, v in data[m]["lines"].items()} for m in modules}
     CACHE.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="cov-", dir=CACHE))
@@ -336,10 +345,12 @@ def line_tests(modules: list[str], refresh: bool) -> dict[str, dict[int, set[str
         for m in sorted(set(modules) | set(CORE)):
             lines: dict[str, list[str]] = {}
             for line, ctxs in (data.contexts_by_lineno(str(TOP / m)) or {}).items():
-                tests = sorted(c for c in ctxs if c)
+                # "" is no test: collection, when test modules are imported (a cached
+                # function first called there); kept as AT_COLLECTION.
+                tests = sorted(c or AT_COLLECTION for c in set(ctxs))
                 if tests:
                     lines[str(line)] = tests
-            out[m] = {"sha": _sha(m), "lines": lines}
+            out[m] = {"sha": _sha(m), "lines": lines, "format": LINES_FORMAT}
         cached.write_text(json.dumps(out))
     finally:  # an interrupted pass leaves no folder behind
         shutil.rmtree(work, ignore_errors=True)
@@ -462,11 +473,10 @@ def run(args: argparse.Namespace) -> int:
             # A line run at import (a module's or class's constant) is credited to whichever
             # test imported the module first: every test that runs any line of it may depend on
             # that line.
-            own = (
-                covered[m].get(mu.line, set())
-                if mu.in_function
-                else set().union(*covered[m].values())
-            )
+            every = set().union(*covered[m].values()) - {AT_COLLECTION}
+            own = covered[m].get(mu.line, set()) if mu.in_function else every
+            if AT_COLLECTION in own:  # first run while tests were collected: any may rely on it
+                own = every
             first = also + [
                 t for t in ([] if mu.in_function else _declared_tests(m)) if t not in also
             ]
