@@ -398,6 +398,10 @@ def _run_one(work: Path, m: Mutant, tests: list[str], timeout: float) -> tuple[s
         env = dict(os.environ, PYTHONPATH=str(work), PYTHONHASHSEED="0")
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(prefix)
+        # A killed mutant is a failed test, whose tmp_path the unit suite keeps (in /dev/shm,
+        # tests/unit/conftest.py): a thousand of them would fill memory. pytest's own
+        # folders on disk keep the last three runs only.
+        env["GPUTUNED_TEST_SCRATCH"] = "disk"
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
              "--no-header", "-o", "addopts=", f"@{argfile}"],
