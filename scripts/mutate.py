@@ -451,6 +451,37 @@ def _equivalents() -> dict[str, str]:
     return out
 
 
+def _select(
+    all_mutants: dict[str, list[Mutant]],
+    equivalent: dict[str, str],
+    covered: dict[str, dict[int, set[str]]],
+    also: list[str],
+) -> tuple[list[tuple[Mutant, list[str]]], list[Result]]:
+    """Each mutant's tests (the named ones first), or its result when none run."""
+    jobs: list[tuple[Mutant, list[str]]] = []
+    results: list[Result] = []
+    for m, ms in all_mutants.items():
+        # A line run at import (a module's or class's constant) is credited to whichever test
+        # imported the module first: every test that runs any line of it may depend on that
+        # line, and the module's declared tests first.
+        every = set().union(*covered[m].values()) - {AT_COLLECTION}
+        declared = [t for t in _declared_tests(m) if t not in also]
+        for mu in ms:
+            if mu.key in equivalent:
+                results.append(Result(mu, "equivalent", 0.0, 0, equivalent[mu.key]))
+                continue
+            own = covered[m].get(mu.line, set()) if mu.in_function else every
+            if AT_COLLECTION in own:  # first run while tests were collected: any may rely on it
+                own = every
+            first = also + ([] if mu.in_function else declared)
+            tests = first + sorted(own - set(first))  # the named tests first: -x stops at one
+            if not tests:
+                results.append(Result(mu, "not covered", 0.0, 0))
+                continue
+            jobs.append((mu, tests))
+    return jobs, results
+
+
 def run(args: argparse.Namespace) -> int:
     modules = args.modules or list(CORE)
     for m in modules:
@@ -467,28 +498,7 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     covered = line_tests(modules, args.refresh)
     also = list(args.also or [])
-    jobs: list[tuple[Mutant, list[str]]] = []
-    results: list[Result] = []
-    for m, ms in all_mutants.items():
-        for mu in ms:
-            if mu.key in equivalent:
-                results.append(Result(mu, "equivalent", 0.0, 0, equivalent[mu.key]))
-                continue
-            # A line run at import (a module's or class's constant) is credited to whichever
-            # test imported the module first: every test that runs any line of it may depend on
-            # that line.
-            every = set().union(*covered[m].values()) - {AT_COLLECTION}
-            own = covered[m].get(mu.line, set()) if mu.in_function else every
-            if AT_COLLECTION in own:  # first run while tests were collected: any may rely on it
-                own = every
-            first = also + [
-                t for t in ([] if mu.in_function else _declared_tests(m)) if t not in also
-            ]
-            tests = first + sorted(own - set(first))  # the named tests first: -x stops at one
-            if not tests:
-                results.append(Result(mu, "not covered", 0.0, 0))
-                continue
-            jobs.append((mu, tests))
+    jobs, results = _select(all_mutants, equivalent, covered, also)
     print(f"{sum(len(v) for v in all_mutants.values())} mutant(s) in {len(modules)} module(s); "
           f"{len(jobs)} to run on {args.jobs} worker(s)", flush=True)  # fmt: skip
     workers = [Path(tempfile.mkdtemp(prefix="mutant-")) for _ in range(args.jobs)]
