@@ -7,6 +7,7 @@ it lists only real differences and writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,11 +28,11 @@ from gputuned.kernel.system import (
     read_interrupts,
     read_irq_nodes,
 )
+from gputuned.profile import tables as declared
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.model import Profile
 from gputuned.tuners.context import Claim, PlanContext, Tuner
 from gputuned.tuners.gpuuse import gpu_use
-from gputuned.tuners.neighbours import plan_neighbours
 
 log = logging.getLogger(__name__)
 
@@ -149,21 +150,13 @@ def journal_originals(kernel: Kernel, journal: Journal | None) -> Callable[[str]
 
 
 def all_tuners() -> Sequence[Tuner]:
-    from gputuned.tuners.bootargs import BootargsTuner
-    from gputuned.tuners.cpuset import CpusetTuner
-    from gputuned.tuners.irq import IrqTuner
-    from gputuned.tuners.pcie_aspm import PcieAspmTuner
-    from gputuned.tuners.pcie_payload import PciePayloadTuner
-    from gputuned.tuners.procplan import ProcessTuner
-
-    return (
-        PcieAspmTuner(),
-        PciePayloadTuner(),
-        CpusetTuner(),
-        IrqTuner(),
-        ProcessTuner(),
-        BootargsTuner(),
-    )
+    """The tables' tuners, in the order their declarations give (gputuned/profile/tables/)."""
+    out = []
+    for table in sorted(declared.tables(), key=lambda t: t.plan_rank):
+        if table.tuner is not None:
+            module, _, name = table.tuner.partition(":")
+            out.append(getattr(importlib.import_module(module), name)())
+    return out
 
 
 def plan_profile(
@@ -182,7 +175,6 @@ def plan_profile(
     it (``gputunectl plan``, ``verify``).
     """
     from gputuned.cpulist import format_cpulist
-    from gputuned.tuners.daemon import daemon_refusals
 
     ctx = read_context(
         kernel, profile, registered=registered, journal=journal, self_bound=self_bound
@@ -200,7 +192,7 @@ def plan_profile(
         )
     for tuner in all_tuners():
         try:
-            tp = tuner.plan(ctx)
+            tp = tuner.plan(ctx, tuple(result.settings))
         except errors.HostError as exc:
             result.refused.append(Refusal(tuner.name, "*", f"could not read the host: {exc}"))
             continue
@@ -209,13 +201,7 @@ def plan_profile(
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
     result.notes += coexistence_notes(kernel, profile, ctx.processes, plan=True)
-    # The neighbours are whatever the other tuners' settings leave out (the server's cgroups).
-    tp = plan_neighbours(ctx, result.settings)
-    result.settings += tp.changes
-    result.refused += tp.refused
-    result.notes += tp.notes
     result.layout = plan_layout(ctx, result.settings)
-    result.refused += daemon_refusals(profile.daemon)
     if result.blocked and not allow_blocked:
         raise result.blocked_error()
     return result

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import PARTITION_MODES
 from gputuned.profile.messages import Problems, key_path, or_list
 from gputuned.profile.tables.process import owner_key
@@ -178,29 +179,11 @@ def _check_aspm_bootargs(p: Profile) -> Problems:
 
 # -- where sets are named, and checks that need no host ----------------------------------------
 
-_IRQ_SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
-_BOOT_SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
 
-
-def set_refs(p: Profile) -> list[tuple[str, str, bool]]:
-    """Every place a set is named: (key path, set name, whether 'keep' is allowed there)."""
-    refs: list[tuple[str, str, bool]] = []
-    if p.irq:
-        refs += [(f"irq.{k}", getattr(p.irq, k), True) for k in _IRQ_SET_KEYS]
-    if p.cpuset and p.cpuset.mode != "none" and p.cpuset.cpus is not None:
-        refs.append(("cpuset.cpus", p.cpuset.cpus, False))
-    refs += [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(p.process)]
-    refs += [
-        (f"process[{i}].without_gpu", r.without_gpu, False)
-        for i, r in enumerate(p.process)
-        if r.by_gpu and r.without_gpu != "tree"
-    ]
-    if p.bootargs:
-        for k in _BOOT_SET_KEYS:
-            if getattr(p.bootargs, k) is not None:
-                refs.append((f"bootargs.{k}", getattr(p.bootargs, k), False))
-    if p.neighbours and isinstance(p.neighbours.cap_cpus, str):
-        refs.append(("neighbours.cap_cpus", p.neighbours.cap_cpus, False))
+def set_refs(p: Profile) -> list[declared.Ref]:
+    """Every place a set is named: (key path, set name, whether 'keep' is allowed there), as
+    each table declares them (gputuned/profile/tables/)."""
+    refs = [r for t in declared.tables() if (v := t.present(p)) is not None for r in t.refs(v)]
     return [r for r in refs if not (r[2] and r[1] == "keep")]
 
 

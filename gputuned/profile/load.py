@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from gputuned.errors import ProfileError
 from gputuned.profile.checks import check_profile
 from gputuned.profile.messages import problems_from
-from gputuned.profile.model import Profile
+from gputuned.profile.model import Profile, profile_model
 from gputuned.store.profiledirs import ProfileDirs, is_profile_name
 from gputuned.store.userfiles import read_user_file
 
@@ -43,9 +43,9 @@ def parse_profile(data: Mapping[str, Any], source: str) -> Profile:
     if _too_deep(data):
         raise ProfileError(source, [("", _TOO_DEEP)])
     try:
-        profile = Profile.model_validate(data)
+        profile = profile_model().model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(source, problems_from(exc, Profile)) from None
+        raise ProfileError(source, problems_from(exc, profile_model())) from None
     problems = check_profile(profile)
     if problems:
         raise ProfileError(source, problems)

@@ -25,22 +25,28 @@ two sets overlap once resolved) run when the profile is planned on that host.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from collections.abc import Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, create_model
+
+from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import CpuSetSpec
-from gputuned.profile.tables.bootargs import Config as BootargsConfig
-from gputuned.profile.tables.cpuset import Config as CpusetConfig
-from gputuned.profile.tables.daemon import Config as DaemonConfig
-from gputuned.profile.tables.irq import Config as IrqConfig
-from gputuned.profile.tables.neighbours import Config as NeighboursConfig
-from gputuned.profile.tables.pcie_aspm import Config as PcieAspmConfig
-from gputuned.profile.tables.pcie_payload import Config as PciePayloadConfig
-from gputuned.profile.tables.process import Config as ProcessConfig
+
+if TYPE_CHECKING:
+    from gputuned.profile.tables.bootargs import Config as BootargsConfig
+    from gputuned.profile.tables.cpuset import Config as CpusetConfig
+    from gputuned.profile.tables.daemon import Config as DaemonConfig
+    from gputuned.profile.tables.irq import Config as IrqConfig
+    from gputuned.profile.tables.neighbours import Config as NeighboursConfig
+    from gputuned.profile.tables.pcie_aspm import Config as PcieAspmConfig
+    from gputuned.profile.tables.pcie_payload import Config as PciePayloadConfig
+    from gputuned.profile.tables.process import Config as ProcessConfig
 
 
-class Profile(BaseModel):
-    """A whole profile, after includes are merged. Made by gputuned/profile/load.py
-    ``parse_profile`` only, which runs the checks across tables (gputuned/profile/checks.py)."""
+class Keys(BaseModel):
+    """The keys of a profile that are not tables; :class:`Profile` adds one field per table."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -54,19 +60,48 @@ class Profile(BaseModel):
         default_factory=dict,
         description="Named CPU sets ([cpusets.<name>]); the tuner tables refer to them by name.",
     )
-    pcie_aspm: PcieAspmConfig | None = Field(default=None, description="PCIe ASPM on GPU links.")
-    pcie_payload: PciePayloadConfig | None = Field(
-        default=None, description="PCIe MPS and MRRS on GPU paths."
+
+
+# The profile's fields for the tables are made from the tables' declarations
+# (gputuned/profile/tables/), one per table.
+_DOC = """A whole profile, after includes are merged. Made by gputuned/profile/load.py
+``parse_profile`` only, which runs the checks across tables (gputuned/profile/checks.py)."""
+
+
+def _fields(tables: Sequence[declared.Table]) -> dict[str, Any]:
+    return {t.key: (t.annotation(), t.field()) for t in tables}
+
+
+if TYPE_CHECKING:
+
+    class Profile(Keys):
+        # What mypy sees of the tables' fields, which are made from their declarations below.
+        # A table added later is reached as TABLE.present(profile) and needs no line here;
+        # tests/unit/test_add_a_kind.py checks that these agree with the declarations.
+        pcie_aspm: PcieAspmConfig | None
+        pcie_payload: PciePayloadConfig | None
+        irq: IrqConfig | None
+        cpuset: CpusetConfig | None
+        process: tuple[ProcessConfig, ...]
+        bootargs: BootargsConfig | None
+        neighbours: NeighboursConfig | None
+        daemon: DaemonConfig
+
+else:
+    Profile = create_model(
+        "Profile", __base__=Keys, __module__=__name__, __doc__=_DOC, **_fields(declared.tables())
     )
-    irq: IrqConfig | None = Field(default=None, description="IRQ affinity.")
-    cpuset: CpusetConfig | None = Field(default=None, description="cgroup v2 CPU partition.")
-    process: tuple[ProcessConfig, ...] = Field(
-        default=(), description="Process rules, one [[process]] table each."
-    )
-    bootargs: BootargsConfig | None = Field(default=None, description="Kernel boot arguments.")
-    neighbours: NeighboursConfig | None = Field(
-        default=None, description="CPU weight and cap of everything that is not the server."
-    )
-    daemon: DaemonConfig = Field(
-        default_factory=DaemonConfig, description="How the gputuned service keeps the profile."
-    )
+
+
+def profile_model() -> type[Profile]:
+    """The model of a profile with every table declared now: :class:`Profile`, or a subclass
+    of it with the tables declared after it was made (a table registered at run time)."""
+    return _extended(tuple(t for t in declared.tables() if t.key not in Profile.model_fields))
+
+
+@cache
+def _extended(extra: tuple[declared.Table, ...]) -> type[Profile]:
+    if not extra:
+        return Profile
+    fields = _fields(extra)
+    return create_model("Profile", __base__=Profile, __module__=__name__, **fields)

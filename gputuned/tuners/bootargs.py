@@ -3,7 +3,9 @@ the kernel command-line arguments that only a boot can set, compared with /proc/
 
 from __future__ import annotations
 
-from gputuned.changes import TunerPlan
+from collections.abc import Sequence
+
+from gputuned.changes import Change, TunerPlan
 from gputuned.cpulist import format_cpulist
 from gputuned.tuners.context import PlanContext
 
@@ -28,7 +30,7 @@ class BootargsTuner:
         out += list(cfg.extra)
         return out
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         out = TunerPlan()
         have = ctx.snap.cmdline.split()
         have_keys = {a.partition("=")[0]: a for a in have}

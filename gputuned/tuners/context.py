@@ -5,12 +5,12 @@ resolved CPU sets) and what a tuner is (:class:`Tuner`). The engine builds the c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from gputuned.changes import TunerPlan
+    from gputuned.changes import Change, TunerPlan
     from gputuned.kernel import Kernel
     from gputuned.kernel.proc import ProcInfo
     from gputuned.kernel.snapshot import Snapshot
@@ -77,6 +77,9 @@ class PlanContext:
 
 
 class Tuner(Protocol):
+    """What a table's declaration names (gputuned/profile/tables/, ``tuner``): the engine
+    calls ``plan`` in the declared order, with every change planned before it (``planned``)."""
+
     name: str
 
-    def plan(self, ctx: PlanContext) -> TunerPlan: ...
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan: ...

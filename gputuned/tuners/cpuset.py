@@ -5,6 +5,8 @@ partition made in place in the server's own cgroup (inplace)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.kernel.system import has_exclusive_cpus, valid_partitions
@@ -19,7 +21,7 @@ class CpusetTuner:
 
     name = "cpuset"
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         cfg = ctx.profile.cpuset
         out = TunerPlan()
         if cfg is None:

@@ -6,11 +6,16 @@ next start (issue 14, finding 10)."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gputuned import errors
-from gputuned.changes import Refusal
+from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.kernel.users import group_gid, user_uid
 from gputuned.profile.tables.daemon import Config as DaemonConfig
+
+if TYPE_CHECKING:
+    from gputuned.tuners.context import PlanContext
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -41,6 +46,15 @@ def resolve_metrics_allow(
             "it or remove the entry"
         )
     return uids, gids, nets
+
+
+class DaemonTuner:
+    """The `[daemon]` table's tuner: refusals only, planned last."""
+
+    name = "daemon"
+
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
+        return TunerPlan(refused=daemon_refusals(ctx.profile.daemon))
 
 
 def daemon_refusals(cfg: DaemonConfig) -> list[Refusal]:

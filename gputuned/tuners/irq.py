@@ -5,6 +5,7 @@ irqbalance kept from undoing it."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Sequence
 
 from gputuned import errors
 from gputuned.changes import Change, Refusal, TunerPlan
@@ -31,7 +32,7 @@ class IrqTuner:
 
     name = "irq"
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         cfg = ctx.profile.irq
         out = TunerPlan()
         if cfg is None:

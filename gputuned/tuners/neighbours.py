@@ -5,6 +5,7 @@ tuners (their settings say which cgroups are the server's)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 from gputuned import errors
@@ -30,7 +31,17 @@ OWN_UNIT = "gputuned.service"
 OWN_UNIT_CGROUP = f"system.slice/{OWN_UNIT}"
 
 
-def plan_neighbours(ctx: PlanContext, settings: list[Change]) -> TunerPlan:
+class NeighboursTuner:
+    """The `[neighbours]` table's tuner: planned after the others, whose settings say which
+    processes are the server's."""
+
+    name = "neighbours"
+
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
+        return plan_neighbours(ctx, planned)
+
+
+def plan_neighbours(ctx: PlanContext, settings: Sequence[Change]) -> TunerPlan:
     """The neighbours' cgroups and their cpu.weight / cpu.max (or unit properties), given every
     other tuner's ``settings`` (which processes are the server's, where they go)."""
     cfg = ctx.profile.neighbours
@@ -95,7 +106,7 @@ def _quota(ctx: PlanContext, cfg: Config, tp: TunerPlan) -> int | None:
     return max(1000, round(float(cap) * PERIOD_US))
 
 
-def _protected(ctx: PlanContext, settings: list[Change], cfg: Config) -> set[str]:
+def _protected(ctx: PlanContext, settings: Sequence[Change], cfg: Config) -> set[str]:
     """cgroups (paths under the mount, no leading '/') never weighted or capped."""
     mount = ctx.cgroup.v2_mount or ""
     out = {k.strip("/") for k in cfg.keep}

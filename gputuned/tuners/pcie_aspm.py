@@ -3,6 +3,8 @@ the ASPM policy and each GPU link's ASPM states."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.kernel.pci import ASPM_POLICY
 from gputuned.tuners.context import PlanContext
@@ -18,7 +20,7 @@ class PcieAspmTuner:
 
     name = "pcie_aspm"
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         cfg = ctx.profile.pcie_aspm
         out = TunerPlan()
         if cfg is None:

@@ -3,6 +3,8 @@ MPS and MRRS in each Device Control register on the GPUs' paths, within DevCap."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.kernel.pci import PciDevice
 from gputuned.kernel.pciconfig import DEVCTL, MRRS_CONTROL, payload_code
@@ -53,7 +55,7 @@ class PciePayloadTuner:
 
     name = "pcie_payload"
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         cfg = ctx.profile.pcie_payload
         out = TunerPlan()
         if cfg is None:

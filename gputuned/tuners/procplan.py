@@ -4,7 +4,7 @@ descendant inherited. The [[process]] table and its rules are :mod:`gputuned.pro
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gputuned import errors
@@ -37,7 +37,7 @@ class ProcessTuner:
 
     name = "process"
 
-    def plan(self, ctx: PlanContext) -> TunerPlan:
+    def plan(self, ctx: PlanContext, planned: Sequence[Change] = ()) -> TunerPlan:
         return self.plan_tree(ctx)[0]
 
     def plan_tree(

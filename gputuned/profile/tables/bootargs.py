@@ -24,8 +24,12 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
 
+from gputuned.profile.tables import Ref, Table
+
 #: Keys with their own field; `extra` may not set them a second time.
 TYPED_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity", "pcie_aspm")
+#: The keys that name a CPU set.
+SET_KEYS = ("nohz_full", "rcu_nocbs", "irqaffinity")
 
 
 _ARG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(=[^\s\"';`\\]+)?")
@@ -68,3 +72,21 @@ class Config(BaseModel):
         default=(),
         description="Further arguments: key or key=value, no spaces, quotes or semicolons.",
     )
+
+
+def _refs(cfg: Config) -> list[Ref]:
+    return [
+        (f"bootargs.{k}", getattr(cfg, k), False) for k in SET_KEYS if getattr(cfg, k) is not None
+    ]
+
+
+TABLE = Table(
+    key="bootargs",
+    model=Config,
+    summary="Kernel boot arguments.",
+    manual=__doc__ or "",
+    position=60,
+    tuner="gputuned.tuners.bootargs:BootargsTuner",
+    plan_rank=60,
+    refs=_refs,
+)

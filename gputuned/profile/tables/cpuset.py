@@ -82,6 +82,8 @@ from pydantic import (
     field_validator,
 )
 
+from gputuned.profile.tables import Ref, Table
+
 _CGROUP_PART = re.compile(r"[^/\s]+")
 
 
@@ -181,3 +183,19 @@ class Config(BaseModel):
                 "a leading '/', empty parts, '.', '..' or spaces (e.g. 'gputuned.inference')"
             )
         return value
+
+
+def _refs(cfg: Config) -> list[Ref]:
+    return [] if cfg.mode == "none" or cfg.cpus is None else [("cpuset.cpus", cfg.cpus, False)]
+
+
+TABLE = Table(
+    key="cpuset",
+    model=Config,
+    summary="cgroup v2 CPU partition.",
+    manual=__doc__ or "",
+    position=40,
+    tuner="gputuned.tuners.cpuset:CpusetTuner",
+    plan_rank=30,
+    refs=_refs,
+)

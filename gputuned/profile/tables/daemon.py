@@ -14,6 +14,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
+from gputuned.profile.tables import Table
+
 #: A user or group name as useradd(8) accepts it (NAME_REGEX of adduser.conf, with '.').
 _NAME = re.compile(r"[a-z_][a-z0-9_.-]*\$?")
 
@@ -103,3 +105,15 @@ class Config(BaseModel):
                     f"{entry!r} is neither a user, a @group nor a network such as 10.0.0.0/8"
                 ) from None
         return value
+
+
+TABLE = Table(
+    key="daemon",
+    model=Config,
+    summary="How the gputuned service keeps the profile.",
+    manual=__doc__ or "",
+    position=80,
+    tuner="gputuned.tuners.daemon:DaemonTuner",
+    plan_rank=90,
+    always=True,
+)

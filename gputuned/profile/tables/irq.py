@@ -37,6 +37,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from gputuned.profile.tables import Ref, Table
+
+#: The keys that name a CPU set.
+SET_KEYS = ("gpu_cpus", "others_cpus", "default_affinity")
+
 
 class Config(BaseModel):
     """The `[irq]` table."""
@@ -70,3 +75,19 @@ class Config(BaseModel):
         default=False,
         description="Report what would change and change nothing.",
     )
+
+
+def _refs(cfg: Config) -> list[Ref]:
+    return [(f"irq.{k}", getattr(cfg, k), True) for k in SET_KEYS]
+
+
+TABLE = Table(
+    key="irq",
+    model=Config,
+    summary="IRQ affinity.",
+    manual=__doc__ or "",
+    position=30,
+    tuner="gputuned.tuners.irq:IrqTuner",
+    plan_rank=40,
+    refs=_refs,
+)

@@ -60,6 +60,8 @@ from pydantic import (
     model_validator,
 )
 
+from gputuned.profile.tables import Ref, Table
+
 
 class Config(BaseModel):
     """The `[neighbours]` table."""
@@ -103,3 +105,19 @@ class Config(BaseModel):
             if not k.strip("/") or ".." in k.split("/"):
                 raise ValueError(f"keep: {k!r} is not a cgroup path under the mount")
         return self
+
+
+def _refs(cfg: Config) -> list[Ref]:
+    return [("neighbours.cap_cpus", cfg.cap_cpus, False)] if isinstance(cfg.cap_cpus, str) else []
+
+
+TABLE = Table(
+    key="neighbours",
+    model=Config,
+    summary="CPU weight and cap of everything that is not the server.",
+    manual=__doc__ or "",
+    position=70,
+    tuner="gputuned.tuners.neighbours:NeighboursTuner",
+    plan_rank=70,
+    refs=_refs,
+)

@@ -30,6 +30,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from gputuned.profile.tables import Table
+
 
 class Config(BaseModel):
     """The `[pcie_aspm]` table."""
@@ -54,3 +56,14 @@ class Config(BaseModel):
         default=False,
         description="Report what would change and change nothing.",
     )
+
+
+TABLE = Table(
+    key="pcie_aspm",
+    model=Config,
+    summary="PCIe ASPM on GPU links.",
+    manual=__doc__ or "",
+    position=10,
+    tuner="gputuned.tuners.pcie_aspm:PcieAspmTuner",
+    plan_rank=10,
+)

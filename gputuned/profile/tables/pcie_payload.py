@@ -26,6 +26,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
+from gputuned.profile.tables import Table
+
 #: Sizes the 3-bit MPS and MRRS fields encode (0..5); 6 and 7 are reserved.
 SIZES = (128, 256, 512, 1024, 2048, 4096)
 
@@ -76,3 +78,14 @@ class Config(BaseModel):
         default=False,
         description="Report what would change and change nothing.",
     )
+
+
+TABLE = Table(
+    key="pcie_payload",
+    model=Config,
+    summary="PCIe MPS and MRRS on GPU paths.",
+    manual=__doc__ or "",
+    position=20,
+    tuner="gputuned.tuners.pcie_payload:PciePayloadTuner",
+    plan_rank=20,
+)

@@ -110,6 +110,7 @@ from pydantic import (
 )
 
 from gputuned.profile.patterns import check_pattern
+from gputuned.profile.tables import Ref, Table
 
 #: TASK_COMM_LEN is 16 bytes including the NUL (include/linux/sched.h).
 COMM_MAX = 15
@@ -428,3 +429,25 @@ def owner_key(match: Match) -> str | None:
         if top is not None and top != "user.slice":
             return "cgroup"
     return None
+
+
+def _refs(rules: tuple[Config, ...]) -> list[Ref]:
+    refs: list[Ref] = [(f"process[{i}].cpus", r.cpus, True) for i, r in enumerate(rules)]
+    return refs + [
+        (f"process[{i}].without_gpu", r.without_gpu, False)
+        for i, r in enumerate(rules)
+        if r.by_gpu and r.without_gpu != "tree"
+    ]
+
+
+TABLE = Table(
+    key="process",
+    model=Config,
+    summary="Process rules, one [[process]] table each.",
+    manual=__doc__ or "",
+    position=50,
+    tuner="gputuned.tuners.procplan:ProcessTuner",
+    plan_rank=50,
+    refs=_refs,
+    many=True,
+)
