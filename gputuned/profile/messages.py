@@ -54,7 +54,8 @@ def problems_from(exc: ValidationError, root: type[BaseModel]) -> Problems:
     """Each error of ``exc`` (validating model ``root``) as (key path, plain message)."""
     problems: Problems = []
     for err in exc.errors(include_url=False):
-        item = (key_path(err["loc"]), _message(root, err["type"], err["loc"], err))
+        loc = _key_loc(root, err["loc"])
+        item = (key_path(loc), _message(root, err["type"], loc, err))
         if item not in problems:
             problems.append(item)
     return problems
@@ -87,6 +88,25 @@ def _message(
     if kind.endswith(("_type", "_parsing")):
         return f"expected {_expected(annotation)}, got {_toml_type(value)} {show(value)}"
     return str(err.get("msg", kind))
+
+
+def _key_loc(root: type[BaseModel], loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """``loc`` without the names pydantic gives the members of a union it tried
+    (``cap_cpus.float``, ``cap_cpus.str``): a key path the profile has."""
+    for i in range(len(loc)):
+        annotation = unwrap(_annotation_at(root, loc[:i]))
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            return loc[:i]
+    return loc
+
+
+def _expected_union(annotation: Any) -> str:
+    members = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return _or_words([_expected(unwrap(a)) for a in members])
+
+
+def _or_words(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _annotation_at(root: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
@@ -139,6 +159,8 @@ def is_model(annotation: Any) -> bool:
 
 def _expected(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _expected_union(annotation)
     if origin in (tuple, list):
         return "an array"
     if origin is dict or is_model(annotation):

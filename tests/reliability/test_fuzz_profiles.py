@@ -41,6 +41,8 @@ import tempfile
 import threading
 import time
 import tomllib
+import types
+import typing
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,13 +51,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 import gputuned.root
 from gputuned.cli import main as cli
 from gputuned.errors import GputunedError, ProfileError
 from gputuned.kernel import Kernel
+from gputuned.profile import tables as declared
 from gputuned.profile.load import load_profile
-from gputuned.profile.messages import key_path
+from gputuned.profile.messages import is_model, key_path, unwrap
 from gputuned.service.control import daemon_running, request
 from tests.faults import FaultKernel, tree_kernel
 from tests.reliability.conftest import REPO, reap_daemon, stop_daemon, subprocess_env
@@ -291,6 +295,44 @@ def make_cpusets(c: Chooser) -> dict[str, Any]:
     return out
 
 
+#: The tables make_profile writes by hand, with values that hang together. Every other declared
+#: table (gputuned/profile/tables/) is generated from its model by from_model.
+BY_HAND = {"pcie_aspm", "pcie_payload", "irq", "cpuset", "process", "bootargs", "daemon"}
+
+
+def from_model(c: Chooser, model: type[BaseModel], sets: list[str]) -> dict[str, Any]:
+    """A table of ``model``: each optional key there or not, values its type allows (a string
+    is a set's name or "keep", which most string keys of a table are)."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if info.is_required() or c.flip():
+            out[name] = _model_value(c, info.annotation, info.metadata, sets)
+    return out
+
+
+def _model_value(c: Chooser, annotation: Any, metadata: list[Any], sets: list[str]) -> Any:
+    kind = unwrap(annotation)
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        return c.pick(list(typing.get_args(kind)))
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(kind) if a is not type(None)]
+        return _model_value(c, c.pick(options), metadata, sets)
+    if origin in (tuple, list):
+        return [_model_value(c, typing.get_args(kind)[0], [], sets) for _ in range(c.num(0, 2))]
+    if is_model(kind):
+        return from_model(c, kind, sets)
+    lo = next((m.ge for m in metadata if hasattr(m, "ge")), -5)
+    hi = next((m.le for m in metadata if hasattr(m, "le")), 1000)
+    if kind is bool:
+        return c.flip()
+    if kind is int:
+        return c.num(int(lo), int(min(hi, lo + 10**6)))
+    if kind is float:
+        return c.num(int(lo * 10), int(min(hi, lo + 1000) * 10)) / 10
+    return c.pick([*sets, "keep"])
+
+
 def make_profile(c: Chooser) -> dict[str, Any]:
     """A profile that is valid more often than not (cross checks can still refuse it)."""
     sets = make_cpusets(c)
@@ -371,6 +413,10 @@ def make_profile(c: Chooser) -> dict[str, Any]:
             "drift_interval_s": c.pick([0.5, 10, 10.0, 3600]),
             "revert_on_shutdown": c.flip(),
         }
+    for table in declared.tables():
+        if table.key not in BY_HAND and c.flip():
+            value = from_model(c, table.model, names)
+            doc[table.key] = [value] if table.many else value
     return doc
 
 

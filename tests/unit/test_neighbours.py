@@ -316,6 +316,20 @@ def test_bad_tables_are_refused_naming_the_key(table: dict[str, Any], key: str) 
     assert any(k == key or k.startswith(key) for k, _ in exc.value.problems), exc.value.problems
 
 
+@pytest.mark.parametrize("value", [{"a": 1}, [1]])
+def test_a_wrong_type_for_cap_cpus_is_one_problem_naming_the_key(value: object) -> None:
+    """cap_cpus is a number or a set's name: pydantic tries both and names the members it
+    tried (cap_cpus.float, cap_cpus.str), keys no profile has (found by the fuzzer)."""
+    with pytest.raises(errors.ProfileError) as exc:
+        profile({"cap_cpus": value})
+    assert exc.value.problems == [
+        (
+            "neighbours.cap_cpus",
+            f"expected a number or a string, got {'table' if isinstance(value, dict) else 'array'} {value!r}",
+        )
+    ]
+
+
 @pytest.mark.parametrize(
     ("shown", "name", "form"),
     [
