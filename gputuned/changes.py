@@ -16,6 +16,8 @@ class Change:
 
     ``in_sync`` settings are already right; plan lists only the others, but apply and verify
     need both (a setting that is right is still managed: switching profiles must not revert it).
+    Tuners never set it: the planner asks each change's setting (gputuned/settings/registry.py
+    ``held``), the question apply asks before a write and answers with its read-back.
     """
 
     tuner: str

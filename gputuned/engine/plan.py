@@ -31,6 +31,7 @@ from gputuned.kernel.system import (
 from gputuned.profile import tables as declared
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.model import Profile
+from gputuned.settings.registry import held
 from gputuned.tuners.context import Claim, PlanContext, Tuner
 from gputuned.tuners.gpuuse import gpu_use
 
@@ -200,6 +201,7 @@ def plan_profile(
         result.refused += tp.refused
         result.notes += tp.notes
         result.pending_boot += tp.pending_boot
+    result.settings = settled(kernel, result.settings)
     result.notes += coexistence_notes(kernel, profile, ctx.processes, plan=True)
     result.layout = plan_layout(ctx, result.settings)
     if result.blocked and not allow_blocked:
@@ -228,4 +230,10 @@ def plan_processes(
         except (errors.TargetGone, errors.PermissionDenied):
             continue
     plan, claims = ProcessTuner().plan_tree(dataclasses.replace(ctx, processes=procs), only=threads)
-    return plan.changes, claims
+    return settled(ctx.kernel, plan.changes), claims
+
+
+def settled(kernel: Kernel, changes: list[Change]) -> list[Change]:
+    """``changes`` with ``in_sync`` as each one's setting answers it (registry ``held``):
+    tuners say what they want, never whether the host has it."""
+    return [dataclasses.replace(c, in_sync=held(kernel, c)) for c in changes]

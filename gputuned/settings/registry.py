@@ -74,6 +74,16 @@ def expand(ch: Change) -> list[Op]:
     return of_change(ch).ops(ch)
 
 
+def held(kernel: Kernel, ch: Change) -> bool:
+    """Does the machine hold every op of ``ch`` already? What plan, verify and the daemon's
+    drift check call in sync, asked of the setting as apply asks it before each write; a
+    target that cannot be read (not there yet, gone) is not in sync."""
+    try:
+        return all(setting(op.kind).holds_already(kernel, op, op.value) for op in expand(ch))
+    except errors.GputunedError:
+        return False
+
+
 def read_old(kernel: Kernel, op: Op) -> str:
     """The current value, in the form ``write`` takes to put it back exactly."""
     return setting(op.kind).read(kernel, op)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gputuned.changes import Change, Refusal, TunerPlan
-from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.cpulist import format_cpulist
 from gputuned.kernel.system import has_exclusive_cpus, valid_partitions
 from gputuned.profile.cpusets import PartitionSpec, partition_layout, shared_cpus
 from gputuned.profile.tables.cpuset import Config
@@ -103,7 +103,6 @@ class CpusetTuner:
                 ro,
                 kind="controller",
                 data={"controller": "cpuset"},
-                in_sync="cpuset" in ctx.cgroup.v2_subtree,
             )
         )
 
@@ -130,7 +129,6 @@ class CpusetTuner:
                     group,
                     cfg.report_only,
                     kind="cgroup",
-                    in_sync=True,
                 )
             )
             inplace.release(ctx, group, cfg.cgroup, cfg.report_only, out)
@@ -155,7 +153,6 @@ class CpusetTuner:
                 group,
                 ro,
                 kind="cgroup",
-                in_sync=exists,
             )
         )
 
@@ -181,7 +178,6 @@ class CpusetTuner:
         steps.append(("cpuset.cpus.partition", cfg.mode, "partition", f"cpuset.mode = {cfg.mode}"))
         for name, value, compare, why in steps:
             have = cur(name)
-            same = parse_cpulist(have) == cpus if compare == "cpulist" else have == value
             out.changes.append(
                 Change(
                     self.name,
@@ -192,6 +188,5 @@ class CpusetTuner:
                     f"{group}/{name}",
                     ro,
                     compare=compare,
-                    in_sync=same,
                 )
             )

@@ -78,7 +78,6 @@ def _plan_favordynmods(ctx: PlanContext, cfg: Config, tuner: str, out: TunerPlan
             kind="mount",
             compare="options",
             data={"fstype": "cgroup2"},
-            in_sync=wanted == mount.super_options,
         )
     )
 

@@ -304,7 +304,6 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
         have = kernel.unit_property(place.unit, ALLOWED_CPUS) or ""
         transient = kernel.exists(f"{TRANSIENT_DIR}/{place.unit}")
         path = dropin(place.unit, ALLOWED_CPUS, transient=transient)
-        there = "present" if kernel.exists(path) else "absent"
         shown = format_cpulist(parse_cpulist(have)) if have else ""
         # When AllowedCPUs= goes again, systemd realizes the unit's parents with what their
         # units need, and writes "-cpuset" where none needs it: the root's too, so gputuned's
@@ -324,7 +323,6 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
                 ro,
                 kind="unit_property",
                 data={"unit": place.unit, "property": ALLOWED_CPUS, "cpuset_kept": kept},
-                in_sync=parse_cpulist(shown) == cpus and there == "present",
             )
         )
     # Where systemd does not enable the controller: every ancestor of a plain cgroup or of a
@@ -342,7 +340,6 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
                 ro,
                 kind="controller",
                 data={"controller": "cpuset"},
-                in_sync="cpuset" in sub,
             )
         )
     steps = [(anc, "cpuset.cpus.exclusive", cpulist) for anc in place.ancestors]
@@ -360,7 +357,6 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
     for cg, name, value in steps:
         have = kernel.read_optional(f"{mount}{cg}/{name}") or ""
         compare = "partition" if name.endswith("partition") else "cpulist"
-        same = have == value if compare == "partition" else parse_cpulist(have) == cpus
         why = (
             "a remote partition's ancestors hand its exclusive CPUs down"
             if cg != place.cgroup
@@ -377,7 +373,6 @@ def plan(ctx: PlanContext, place: InPlace, cpus: frozenset[int], mode: str, out:
                 ro,
                 kind="borrowed_cpuset",
                 compare=compare,
-                in_sync=same,
             )
         )
 
@@ -394,7 +389,6 @@ def release(ctx: PlanContext, group: str, name: str, ro: bool, out: TunerPlan) -
         have = kernel.read_optional(f"{group}/{file}")
         if have is None:
             continue
-        same = have == value if compare == "partition" else not parse_cpulist(have)
         out.changes.append(
             Change(
                 "cpuset",
@@ -405,6 +399,5 @@ def release(ctx: PlanContext, group: str, name: str, ro: bool, out: TunerPlan) -
                 f"{group}/{file}",
                 ro,
                 compare=compare,
-                in_sync=same,
             )
         )

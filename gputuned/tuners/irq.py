@@ -54,9 +54,9 @@ class IrqTuner:
                 continue
             path = f"/proc/irq/{irq}/smp_affinity_list"
             label = f"irq {irq}" + (f" ({names[irq]})" if names.get(irq) else "")
-            in_sync = have <= target if mode == "cpulist_subset" else have == target
+            right = have <= target if mode == "cpulist_subset" else have == target
             if path in known_bad:
-                if not in_sync:
+                if not right:
                     out.refused.append(
                         Refusal(
                             self.name,
@@ -76,7 +76,6 @@ class IrqTuner:
                     path,
                     cfg.report_only,
                     compare=mode,
-                    in_sync=in_sync,
                 )
             )
         self._one_cpu_guard(ctx, cfg, wanted, current, known_bad, out)
@@ -93,7 +92,6 @@ class IrqTuner:
                     "/proc/irq/default_smp_affinity",
                     cfg.report_only,
                     compare="mask",
-                    in_sync=want == ctx.default_affinity,
                 )
             )
         self._irqbalance(ctx, out)
@@ -259,6 +257,5 @@ class IrqTuner:
                     key=f"irqbalance:{attr}",
                     kind="irqbalance",
                     data={**data, "attr": attr},
-                    in_sync=have == want,
                 )
             )

@@ -275,7 +275,6 @@ def _file_changes(
                 f"a neighbour of the server: {why}",
                 path=path,
                 kind="cgroup_cpu",
-                in_sync=now == value,
             )
         )
     return out
@@ -304,7 +303,6 @@ def _unit_changes(
                 key=f"unit_cpu:{unit}:{prop}",
                 kind="unit_cpu",
                 data={"property": prop, "cgroup": f"{mount}/{rel}"},
-                in_sync=units.file_holds(prop, value, text),
             )
         )
     return out

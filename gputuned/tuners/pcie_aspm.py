@@ -42,7 +42,6 @@ class PcieAspmTuner:
                         ASPM_POLICY,
                         cfg.report_only,
                         compare="policy",
-                        in_sync=pol.value == cfg.policy,
                     )
                 )
         if cfg.gpu_links == "disable":
@@ -86,6 +85,5 @@ class PcieAspmTuner:
                             f"pcie_aspm.gpu_links = disable (on the path of GPU {gpu.bdf})",
                             f"{dev.sysfs}/link/{state}",
                             report_only,
-                            in_sync=dev.link_aspm[state] == "0",
                         )
                     )

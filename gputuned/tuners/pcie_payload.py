@@ -46,7 +46,6 @@ def field_change(
             "value": payload_code(want),
             "bdf": dev.bdf,
         },
-        in_sync=have == want,
     )  # fmt: skip
 
 

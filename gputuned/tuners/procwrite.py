@@ -86,7 +86,6 @@ class ChangeWriter:
                     "origin": origin,
                     "cgmount": self.ctx.cgroup.v2_mount,
                 },
-                in_sync=all(have[t] == want[t] for t in want),
             )
         )
 
@@ -106,7 +105,6 @@ class ChangeWriter:
                 key=f"proc_cgroup:{p.pid}:{p.start_time}",
                 kind="proc_cgroup",
                 data={**self._data(), "mount": mount, "origin": origin},
-                in_sync=p.cgroup == want,
             )
         )
 
