@@ -16,11 +16,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from gputuned import errors
 from gputuned.changes import Change
 from gputuned.engine.applied import read_active, read_state, record_applied
 from gputuned.engine.applyreport import ApplyError, ApplyReport, RevertReport
-from gputuned.engine.commit import already_held
 from gputuned.engine.journal import Journal
 from gputuned.engine.plan import PlanResult, plan_profile
 from gputuned.engine.revert import (
@@ -32,7 +30,7 @@ from gputuned.engine.revert import (
 from gputuned.engine.writer import Writer
 from gputuned.kernel import Kernel
 from gputuned.profile.model import Profile
-from gputuned.settings.registry import expand, of_change, setting
+from gputuned.settings.registry import expand, held, of_change, setting
 from gputuned.store.state import HostLock, check_state_files
 
 __all__ = [
@@ -109,13 +107,9 @@ def _controllers_again(kernel: Kernel, plan: PlanResult) -> None:
     again if it went. The rest of the plan stands (planning anew here, in the middle of a
     unit's restart, saw its new cgroup half made and moved the server out of it)."""
     for i, ch in enumerate(plan.settings):
-        if ch.kind == "controller" and ch.in_sync and not ch.report_only:
-            try:
-                held = all(already_held(kernel, op) for op in expand(ch))
-            except errors.GputunedError:
-                held = False
-            if not held:
-                plan.settings[i] = replace(ch, in_sync=False)
+        undone = of_change(ch).undone_by_others and ch.in_sync and not ch.report_only
+        if undone and not held(kernel, ch):
+            plan.settings[i] = replace(ch, in_sync=False)
 
 
 def apply_settings(

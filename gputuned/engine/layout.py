@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
+from gputuned.kernel.irqs import affinity_irq
 from gputuned.kernel.topology import HostCpus
 from gputuned.profile.cpusets import PARTITION_MODES, partition_layout
 
@@ -119,9 +120,7 @@ def plan_layout(ctx: PlanContext, settings: list[Change]) -> dict[str, Any]:
     vectors go to, and what is left for the rest of the system. From the plan's own
     settings, so it shows exactly what apply would write."""
     host, sets, profile = ctx.cpus, ctx.sets, ctx.profile
-    wanted = {
-        c.path: c.wanted for c in settings if c.tuner == "irq" and c.path.startswith("/proc/irq/")
-    }
+    wanted = {irq: c.wanted for c in settings if (irq := affinity_irq(c.path)) is not None}
     devices = {d.bdf: d for d in ctx.snap.topo.gpus()}
     parts = _partitions(ctx)
     gpus = []
@@ -130,7 +129,7 @@ def plan_layout(ctx: PlanContext, settings: list[Change]) -> dict[str, Any]:
         irqs = sorted(dev.irqs, key=lambda i: i.irq) if dev else []
         landing: set[int] = set()
         for i in irqs:
-            text = wanted.get(f"/proc/irq/{i.irq}/smp_affinity_list")
+            text = wanted.get(i.irq)
             landing |= parse_cpulist(text) if text is not None else (i.affinity or frozenset())
         local = host.gpu_local(g)
         gpus.append(

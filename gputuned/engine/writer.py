@@ -25,10 +25,6 @@ __all__ = ["Writer", "rollback"]
 log = logging.getLogger("gputuned.engine.apply")
 
 
-def _irq_affinity(op: Op) -> bool:
-    return op.tuner == "irq" and op.kind == "sysfs"
-
-
 @dataclass
 class Writer:
     kernel: Kernel
@@ -50,9 +46,9 @@ class Writer:
             ch, op = ops[i]
             if self.pending is not None and setting(op.kind).placement:
                 self.settle()
-            if _irq_affinity(op):
+            if setting(op.kind).batched(op):
                 j = i + 1
-                while j < len(ops) and _irq_affinity(ops[j][1]):
+                while j < len(ops) and setting(ops[j][1].kind).batched(ops[j][1]):
                     j += 1
                 self.batched(ops[i:j])
                 i = j

@@ -19,6 +19,7 @@ from pathlib import Path
 from gputuned import errors
 from gputuned.cpulist import format_cpulist
 from gputuned.kernel import Kernel
+from gputuned.kernel.irqs import DEFAULT_AFFINITY, IRQ_DIR, affinity_file, irq_dir
 from gputuned.kernel.mounts import CGROUP_FEATURES, MOUNTINFO
 from gputuned.kernel.nvml import NvmlGpu, read_gpus
 from gputuned.kernel.pci import ASPM_POLICY, DEVICES
@@ -181,13 +182,13 @@ def _capture_into(
     _copy(kernel, w, "/proc/mounts", _stable_mounts if stable else _filter_mounts)
     _copy(kernel, w, MOUNTINFO, _stable_mountinfo if stable else _filter_mountinfo)
     _copy(kernel, w, "/proc/interrupts", _zero_counts if stable else None)
-    _copy(kernel, w, "/proc/irq/default_smp_affinity")
-    for irq in sorted((n for n in _list(kernel, "/proc/irq") if n.isdigit()), key=int):
+    _copy(kernel, w, DEFAULT_AFFINITY)
+    for irq in sorted(int(n) for n in _list(kernel, IRQ_DIR) if n.isdigit()):
         for f in _IRQ_FILES:
             if not (stable and f == "effective_affinity_list"):
-                _copy(kernel, w, f"/proc/irq/{irq}/{f}")
+                _copy(kernel, w, f"{irq_dir(irq)}/{f}")
         if probe_writes:
-            _probe(kernel, f"/proc/irq/{irq}/smp_affinity_list", write_errors)
+            _probe(kernel, affinity_file(irq), write_errors)
     say("CPUs and NUMA")
     for f in _CPU_FILES:
         _copy(kernel, w, f"/sys/devices/system/cpu/{f}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
 from gputuned.kernel import Kernel
+from gputuned.kernel.irqs import read_affinity
 from gputuned.kernel.pciconfig import (
     MPS_CONTROL,
     MPS_SUPPORTED,
@@ -270,8 +271,7 @@ def _link_files(kernel: Kernel, sysfs: str) -> dict[str, str]:
 
 
 def read_irq(kernel: Kernel, irq: int) -> IrqInfo:
-    raw = kernel.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
-    return IrqInfo(irq, parse_cpulist(raw) if raw is not None else None)
+    return IrqInfo(irq, read_affinity(kernel, irq))
 
 
 def read_aspm_policy(kernel: Kernel, topo: PciTopology, cmdline: str) -> AspmPolicy:

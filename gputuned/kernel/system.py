@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.kernel import Kernel
+from gputuned.kernel.irqs import DEFAULT_AFFINITY, read_affinity
 from gputuned.kernel.nvml import NvmlGpu
 from gputuned.kernel.pci import PciTopology
 from gputuned.kernel.topology import GpuRef, HostCpus
@@ -129,13 +130,12 @@ def read_interrupts(kernel: Kernel) -> list[Irq]:
         irq = int(head)
         chip = tail[0] if tail else ""
         name = " ".join(tail[2:]) if len(tail) > 2 else ""
-        aff = kernel.read_optional(f"/proc/irq/{irq}/smp_affinity_list")
-        out.append(Irq(irq, chip, name, parse_cpulist(aff) if aff is not None else None, counts))
+        out.append(Irq(irq, chip, name, read_affinity(kernel, irq), counts))
     return out
 
 
 def read_default_affinity(kernel: Kernel) -> frozenset[int] | None:
-    raw = kernel.read_optional("/proc/irq/default_smp_affinity")
+    raw = kernel.read_optional(DEFAULT_AFFINITY)
     return parse_mask(raw) if raw is not None else None
 
 

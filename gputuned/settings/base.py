@@ -107,6 +107,10 @@ class Setting:
     #: Its write runs in a thread and apply goes on beside it (:meth:`start` returns before
     #: the write is done); apply waits for it before it moves a process, and at its end.
     in_background: ClassVar[bool] = False
+    #: Another party may undo it between plan and apply (systemd writes "-cpuset" into
+    #: subtree_control when it realizes a unit's parents): apply asks again, just before its
+    #: writes, whether the host still holds what the plan found in sync.
+    undone_by_others: ClassVar[bool] = False
     #: One sentence for docs and errors: what an op of this kind writes.
     what: ClassVar[str] = ""
 
@@ -138,6 +142,11 @@ class Setting:
         Written at once here; a kind whose write runs in a thread overrides it."""
         self.write(kernel, op, value)
         return lambda: None
+
+    def batched(self, op: Op) -> bool:
+        """May a run of such ops be journaled with one fsync and then written one by one (each
+        its own file, none reading another's)? IRQ affinities say yes."""
+        return False
 
     def holds(
         self, kernel: Kernel, op: Op, value: str, *, just_written: bool = False

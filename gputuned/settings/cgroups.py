@@ -43,6 +43,7 @@ class CgroupDir(Setting):
 
 class CgroupController(Setting):
     kind = change_kind = "controller"
+    undone_by_others = True
     what = "a controller enabled in a cgroup's cgroup.subtree_control (data: controller)"
 
     def ops(self, ch: Change) -> list[Op]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist, parse_mask
+from gputuned.kernel.irqs import DEFAULT_AFFINITY, LIST_FILE, affinity_irq
 from gputuned.settings.base import Op, Setting
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ _FILES = re.compile(
         (
             r"/sys/module/pcie_aspm/parameters/policy",
             rf"{PCI_DEVICE}/link/(l0s_aspm|l1_aspm|l1_1_aspm|l1_2_aspm)",
-            r"/proc/irq/\d{1,7}/smp_affinity_list",
-            r"/proc/irq/default_smp_affinity",
+            LIST_FILE.pattern,
+            re.escape(DEFAULT_AFFINITY),
             rf"{CGROUP}/cpuset\.cpus(\.exclusive|\.partition)?",
         )
     )
@@ -81,6 +82,9 @@ class SysfsAttribute(Setting):
             return False, raw  # e.g. "isolated invalid (Cpu list in cpuset.cpus not exclusive)"
         return same(op.compare, writable_form(op.compare, raw), value), raw
 
+    def batched(self, op: Op) -> bool:
+        return affinity_irq(op.path) is not None
+
     def gone(self, kernel: Kernel, op: Op) -> str | None:
         """A cpuset file of a cgroup that was removed, or whose parent no longer enables
         cpuset for it: its value went with it, and the kernel starts from its defaults when
@@ -106,7 +110,7 @@ class SysfsAttribute(Setting):
         # Only a refused *write* says the IRQ cannot move. Reading its affinity has no such
         # answer in the kernel (kernel/irq/proc.c show_irq_affinity()): a read error there is
         # an unexplained fault, a failure like any other (rolled back without --keep-going).
-        if op.path.startswith("/proc/irq/") and getattr(exc, "op", "") == "write":
+        if affinity_irq(op.path) is not None and getattr(exc, "op", "") == "write":
             if code == E.EIO:
                 return "unmovable (EIO): a kernel-managed IRQ; its affinity is fixed by the kernel"
             if code in (E.EPERM, E.EACCES):

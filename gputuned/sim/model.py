@@ -25,15 +25,13 @@ sysfs_kf_write(): ``if (!nbytes) return 0``); gputuned writes ``"\n"`` for an em
 from __future__ import annotations
 
 import errno as E
-import re
 from collections.abc import Callable
 
 from gputuned.kernel.base import write_file
+from gputuned.kernel.irqs import AFFINITY_FILE, DEFAULT_AFFINITY
 from gputuned.kernel.pci import ASPM_POLICY, LINK_ASPM_FILES
 from gputuned.sim import cgroups, cpusets, devices, mounts
 from gputuned.sim.files import TreeFiles, fail
-
-_IRQ_FILE = re.compile(r"/proc/irq/(\d+)/(smp_affinity|smp_affinity_list)")
 
 Handler = Callable[[str, str], None]
 
@@ -69,9 +67,9 @@ class TreeModel(TreeFiles):
     def _handler(self, hpath: str) -> Handler | None:
         if hpath == ASPM_POLICY:
             return lambda hp, text: devices.aspm_policy(self, hp, text)
-        if hpath == "/proc/irq/default_smp_affinity":
+        if hpath == DEFAULT_AFFINITY:
             return lambda hp, text: devices.default_affinity(self, hp, text)
-        m = _IRQ_FILE.fullmatch(hpath)
+        m = AFFINITY_FILE.fullmatch(hpath)
         if m:
             irq, as_list = int(m[1]), m[2] == "smp_affinity_list"
             return lambda _hp, text: devices.irq_affinity(self, irq, text, as_list=as_list)

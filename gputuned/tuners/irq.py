@@ -11,6 +11,7 @@ from gputuned import errors
 from gputuned.changes import Change, Refusal, TunerPlan
 from gputuned.cpulist import format_cpulist, format_mask
 from gputuned.kernel import irqbalance
+from gputuned.kernel.irqs import DEFAULT_AFFINITY, affinity_file
 from gputuned.kernel.topology import HostCpus
 from gputuned.profile.tables.irq import Config
 from gputuned.tuners.context import PlanContext
@@ -52,7 +53,7 @@ class IrqTuner:
             have = current.get(irq)
             if have is None:
                 continue
-            path = f"/proc/irq/{irq}/smp_affinity_list"
+            path = affinity_file(irq)
             label = f"irq {irq}" + (f" ({names[irq]})" if names.get(irq) else "")
             right = have <= target if mode == "cpulist_subset" else have == target
             if path in known_bad:
@@ -89,7 +90,7 @@ class IrqTuner:
                     format_mask(ctx.default_affinity, nr),
                     format_mask(want, nr),
                     f"IRQs allocated later land on irq.default_affinity ({cfg.default_affinity})",
-                    "/proc/irq/default_smp_affinity",
+                    DEFAULT_AFFINITY,
                     cfg.report_only,
                     compare="mask",
                 )
@@ -179,7 +180,7 @@ class IrqTuner:
         after = [
             wanted[irq][0] if irq in wanted else have
             for irq, have in current.items()
-            if have is not None and f"/proc/irq/{irq}/smp_affinity_list" not in known_bad
+            if have is not None and affinity_file(irq) not in known_bad
         ]
         landing = frozenset().union(*after) if after else frozenset()
         if len(after) > 1 and len(landing) == 1:
