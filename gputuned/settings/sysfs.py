@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist, parse_mask
-from gputuned.kernel.irqs import DEFAULT_AFFINITY, LIST_FILE, affinity_irq
+from gputuned.kernel.irqs import LIST_FILE, affinity_irq
+from gputuned.kernel.masks import MASK_FILES
 from gputuned.settings.base import Op, Setting
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ _FILES = re.compile(
             r"/sys/module/pcie_aspm/parameters/policy",
             rf"{PCI_DEVICE}/link/(l0s_aspm|l1_aspm|l1_1_aspm|l1_2_aspm)",
             LIST_FILE.pattern,
-            re.escape(DEFAULT_AFFINITY),
+            MASK_FILES.pattern,
             rf"{CGROUP}/cpuset\.cpus(\.exclusive|\.partition)?",
         )
     )

@@ -151,8 +151,9 @@ def _irq_effective(
     tf.save_state(state)
 
 
-def default_affinity(tf: TreeFiles, hpath: str, text: str) -> None:
-    """kernel/irq/proc.c default_affinity_write(): a mask with at least one online CPU."""
+def cpu_mask(tf: TreeFiles, hpath: str, text: str) -> None:
+    """A CPU mask file (gputuned/kernel/masks.py), such as kernel/irq/proc.c
+    default_affinity_write(): a mask with at least one online CPU."""
     cpus = tf.parse_cpus(text, as_list=False)
     if not cpus & tf.online():
         raise fail(E.EINVAL, "the mask has no online CPU")

@@ -28,7 +28,8 @@ import errno as E
 from collections.abc import Callable
 
 from gputuned.kernel.base import write_file
-from gputuned.kernel.irqs import AFFINITY_FILE, DEFAULT_AFFINITY
+from gputuned.kernel.irqs import AFFINITY_FILE
+from gputuned.kernel.masks import MASK_FILES
 from gputuned.kernel.pci import ASPM_POLICY, LINK_ASPM_FILES
 from gputuned.sim import cgroups, cpusets, devices, mounts
 from gputuned.sim.files import TreeFiles, fail
@@ -67,8 +68,8 @@ class TreeModel(TreeFiles):
     def _handler(self, hpath: str) -> Handler | None:
         if hpath == ASPM_POLICY:
             return lambda hp, text: devices.aspm_policy(self, hp, text)
-        if hpath == DEFAULT_AFFINITY:
-            return lambda hp, text: devices.default_affinity(self, hp, text)
+        if MASK_FILES.fullmatch(hpath):
+            return lambda hp, text: devices.cpu_mask(self, hp, text)
         m = AFFINITY_FILE.fullmatch(hpath)
         if m:
             irq, as_list = int(m[1]), m[2] == "smp_affinity_list"
