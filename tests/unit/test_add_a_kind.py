@@ -144,11 +144,11 @@ def test_the_tuners_run_in_the_declared_order() -> None:
     from gputuned.engine.plan import all_tuners
 
     names = [t.name for t in all_tuners()]
+    assert sorted(names) == sorted(t.key for t in declared.tables())
     # cpuset before irq (the partition made in place decides where IRQs may go); neighbours
     # after every tuner that places the server; the daemon's refusals last.
-    assert names == [
-        "pcie_aspm", "pcie_payload", "cpuset", "irq", "process", "bootargs", "neighbours", "daemon",
-    ]  # fmt: skip
+    assert names.index("cpuset") < names.index("irq")
+    assert names[-2:] == ["neighbours", "daemon"]
 
 
 def test_what_mypy_sees_of_the_profile_agrees_with_the_declarations() -> None:
