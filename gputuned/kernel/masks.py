@@ -10,5 +10,11 @@ import re
 
 from gputuned.kernel.irqs import DEFAULT_AFFINITY
 
+#: kernel/workqueue.c (Linux 4.2+): the unbound workqueues' mask, and a folder per workqueue
+#: made with WQ_SYSFS that holds its own.
+WORKQUEUES = "/sys/devices/virtual/workqueue"
+UNBOUND_WORKQUEUES = f"{WORKQUEUES}/cpumask"
+WORKQUEUE_MASK = re.compile(rf"{WORKQUEUES}/([A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}}/)?cpumask")
+
 #: Every CPU mask file gputuned writes.
-MASK_FILES = re.compile("|".join((re.escape(DEFAULT_AFFINITY),)))
+MASK_FILES = re.compile("|".join((re.escape(DEFAULT_AFFINITY), WORKQUEUE_MASK.pattern)))
