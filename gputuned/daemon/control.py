@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gputuned import __version__, errors
@@ -19,6 +20,7 @@ from gputuned.engine.verify import verify_plan
 from gputuned.kernel import Kernel
 from gputuned.kernel.proc import read_identity
 from gputuned.service.control import PeerCred
+from gputuned.service.controlproto import BY_NAME
 from gputuned.textsafe import printable
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.context import Claim
@@ -35,31 +37,40 @@ class ControlHandlers(Keeper):
         send (controlproto: read-only commands for the control group, changing ones for root
         and the admin group); each field is checked here before it is used."""
         cmd = req["cmd"]
+        if cmd not in BY_NAME:
+            raise errors.GputunedError(
+                f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
+            )
         log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
-        if cmd == "status":
-            return self._status()
-        if cmd == "top":
-            return {k: v for k, v in self._status().items() if k in _TOP_KEYS}
-        if cmd == "verify":
-            return self._verify_for(peer, strict=request_flag(req, "strict"))
-        if cmd == "apply":
-            return self._apply_request(req, peer)
-        if cmd == "revert":
-            rep = revert_all(self.kernel, lock=False, journal=self.journal, boot_config=True)
-            self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
-            self.reload_path, self._verify_cache, self.held = None, None, {}
-            self.binds = BindWatch()
-            self.status = "idle: reverted (gputunectl apply PROFILE)"
-            self._schedule()
-            self.notify.send(f"STATUS={self.status}")
-            return rep.to_json()
-        if cmd in ("register", "unregister"):
-            return self._register(cmd, req)
-        raise errors.GputunedError(
-            f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
-        )
+        handler: Callable[[dict[str, Any], PeerCred], dict[str, Any]] = getattr(self, f"_cmd_{cmd}")
+        return handler(req, peer)
 
-    def _apply_request(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+    def _cmd_status(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        return self._status()
+
+    def _cmd_top(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        return {k: v for k, v in self._status().items() if k in _TOP_KEYS}
+
+    def _cmd_verify(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+        return self._verify_for(peer, strict=request_flag(req, "strict"))
+
+    def _cmd_revert(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        rep = revert_all(self.kernel, lock=False, journal=self.journal, boot_config=True)
+        self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
+        self.reload_path, self._verify_cache, self.held = None, None, {}
+        self.binds = BindWatch()
+        self.status = "idle: reverted (gputunectl apply PROFILE)"
+        self._schedule()
+        self.notify.send(f"STATUS={self.status}")
+        return rep.to_json()
+
+    def _cmd_register(self, req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        return self._register("register", req)
+
+    def _cmd_unregister(self, req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
+        return self._register("unregister", req)
+
+    def _cmd_apply(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
         profile, source, reload_path = profile_from_request(self.kernel, req, peer)
         old = self.profile, self.source, self.profile_path, self.reload_path
         self.profile, self.source, self.profile_path = profile, source, None

@@ -19,13 +19,13 @@ Who may send what (issue 14, finding 7)
 Checked on every connection from ``SO_PEERCRED`` (unix(7): the peer's pid, euid and egid at
 connect time), not only by the file mode. Root (uid 0) may connect; so may members of
 ``[daemon] control_group`` and of ``[daemon] admin_group`` (primary group, or the supplementary
-groups on the ``Groups:`` line of ``/proc/<pid>/status``, read through the kernel port). Commands come in
-two kinds:
+groups on the ``Groups:`` line of ``/proc/<pid>/status``, read through the kernel port). The
+commands are declared once, in :data:`COMMANDS`, and come in two kinds:
 
-- read-only (:data:`READ_ONLY`: ``status``, ``verify``, ``top``): every peer allowed to connect;
-- changing (:data:`CHANGING`: ``apply``, ``revert``, ``register``, ``unregister``): root, and
-  members of ``admin_group`` when one is named. A member of ``control_group`` alone may not
-  renice or pin a process, revert the host or apply a profile.
+- read-only (:data:`READ_ONLY`): every peer allowed to connect;
+- changing (:data:`CHANGING`): root, and members of ``admin_group`` when one is named. A member
+  of ``control_group`` alone may not renice or pin a process, revert the host or apply a
+  profile.
 
 ``apply`` carries the profile itself (``"profile"``: the merged profile as ``gputunectl``
 loaded it, includes resolved on the client's side) or the name of one in the daemon's profile
@@ -47,8 +47,49 @@ PROTOCOL_VERSION = 1
 #: Longest request line, without its newline.
 MAX_LINE = 65536
 
-READ_ONLY = frozenset({"status", "verify", "top"})
-CHANGING = frozenset({"apply", "revert", "register", "unregister"})
+
+@dataclass(frozen=True)
+class Command:
+    """One command of the control socket. The server refuses a ``changes`` command to a peer
+    that may only read; the daemon answers each with its method ``_cmd_<name>``
+    (gputuned/daemon/control.py); docs/usage.md lists them."""
+
+    name: str
+    #: It changes the host: root's, and the admin group's when there is one.
+    changes: bool
+    #: What it does, and the request's fields besides "cmd".
+    does: str
+    #: What the reply holds besides "v" and "ok".
+    reply: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("status", False, "the daemon's state", "the daemon, the profile kept, counters"),
+    Command("top", False, "what gputunectl top draws", "the status fields top shows"),
+    Command("verify", False, "verify the profile kept (`strict`)", "the verify report"),
+    Command(
+        "apply",
+        True,
+        "apply a profile and keep it (`profile` and `source`, or a profile's `name`)",
+        "the apply report",
+    ),
+    Command("revert", True, "put back everything gputuned changed", "the revert report"),
+    Command(
+        "register",
+        True,
+        "place a process by a rule and keep it placed (`pid`, `start`, `rule`)",
+        "the process and its rule",
+    ),
+    Command(
+        "unregister",
+        True,
+        "put a process and its children back (`pid`, `start`)",
+        "the revert report of its values",
+    ),
+)
+BY_NAME = {c.name: c for c in COMMANDS}
+READ_ONLY = frozenset(c.name for c in COMMANDS if not c.changes)
+CHANGING = frozenset(c.name for c in COMMANDS if c.changes)
 
 _EXAMPLE = 'like {"v": 1, "cmd": "status"}'
 

@@ -37,6 +37,7 @@ from gputuned.service.control import (
     proc_groups,
     request,
 )
+from gputuned.service.controlproto import COMMANDS
 from tests.faults import FaultKernel, tree_kernel
 
 
@@ -571,20 +572,57 @@ def test_each_user_has_a_cap_and_root_always_has_a_slot(host: FaultKernel, real:
 
 
 def test_a_member_may_read_but_not_change(host: FaultKernel, real: Path) -> None:
+    """Every command of the table (gputuned/service/controlproto.py COMMANDS), as a member of
+    the control group sends it: the read-only ones answered, the others refused."""
+    assert {c.name for c in COMMANDS if not c.changes} == {"status", "verify", "top"}
     with member_server(host, [1000]) as server:
         c = accept(server, real, 1)[0]
-        for cmd in ("status", "verify", "top", "apply", "revert", "register", "unregister"):
-            c.send(json.dumps({"v": 1, "cmd": cmd}).encode() + b"\n")
+        for cmd in COMMANDS:
+            c.send(json.dumps({"v": 1, "cmd": cmd.name}).encode() + b"\n")
         for fd in server.client_fds():
             server.on_readable(fd)
         while server.pending():
             server.serve()
-        answers = [c.line() for _ in range(7)]
-        assert [a["ok"] for a in answers if a] == [True, True, True, False, False, False, False]
-        for a in answers[3:]:
-            assert a is not None and a["error"].startswith("permission denied: '")
-            assert "changes the host; only root may send it" in a["error"]
+        answers = [c.line() for _ in COMMANDS]
+        assert [a is not None and a["ok"] for a in answers] == [not x.changes for x in COMMANDS]
+        for cmd, a in zip(COMMANDS, answers, strict=True):
+            if cmd.changes:
+                assert a is not None and a["error"].startswith(f"permission denied: '{cmd.name}'")
+                assert "changes the host; only root may send it" in a["error"]
         c.close()
+
+
+def test_the_daemon_answers_every_command_and_no_other() -> None:
+    from gputuned.daemon.control import ControlHandlers
+
+    handlers = {m.removeprefix("_cmd_") for m in dir(ControlHandlers) if m.startswith("_cmd_")}
+    assert handlers == {c.name for c in COMMANDS}
+
+
+def test_gputunectl_sends_only_commands_of_the_table() -> None:
+    """Every request the CLI builds names a command of the table (its "cmd" literals)."""
+    import ast
+
+    sent = set()
+    for path in (Path(__file__).resolve().parents[2] / "gputuned" / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                for k, v in zip(node.keys, node.values, strict=True):
+                    if isinstance(k, ast.Constant) and k.value == "cmd":
+                        # gputunectl register and unregister send their own name (args.command)
+                        sent.add(v.value if isinstance(v, ast.Constant) else "register")
+    assert sent and sent <= {c.name for c in COMMANDS}, sent
+
+
+def test_the_usage_page_lists_the_table() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "usage.md").read_text()
+    rows = [
+        f"| `{c.name}` | {'changes the host' if c.changes else 'read-only'} | {c.does} | "
+        f"{c.reply} |"
+        for c in COMMANDS
+    ]
+    table = "| command | who | what it does | reply |\n|---|---|---|---|\n" + "\n".join(rows)
+    assert table in page, "docs/usage.md: the control commands' table differs from COMMANDS"
 
 
 def test_an_admin_group_may_change(host: FaultKernel, real: Path) -> None:
