@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from gputuned.tuners import inplace
 
 if TYPE_CHECKING:
-    from gputuned.daemon.keeper import Keeper
+    from gputuned.daemon.state import DaemonState
 
 log = logging.getLogger("gputuned")
 
 
-def replan_if_moved(k: Keeper) -> bool:
+def replan_if_moved(k: DaemonState) -> bool:
     """Has the server's own cgroup, as the partition made in place, changed since the last
     full plan (a unit started, stopped or restarted: tuners/inplace.py)? Then apply in
     full, and say so: the placeholder lets its CPUs go to the unit's cgroup, or takes back
@@ -39,7 +39,7 @@ def replan_if_moved(k: Keeper) -> bool:
     return True
 
 
-def say_decision(k: Keeper, notes: list[str]) -> None:
+def say_decision(k: DaemonState, notes: list[str]) -> None:
     """Log the plan's line on the partition in place whenever it changes: why a server's
     processes were moved out of their unit shows in the journal, with the process that was
     in the way."""

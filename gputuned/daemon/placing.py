@@ -1,8 +1,9 @@
 """Placing processes between full applies: plan and apply a new process, or only the new
 threads of a placed one, against the last full plan; keep their settings for the drift check;
 forget a process or thread that ends; and place the ``by_gpu`` trees again when their GPU use
-changes. Each function takes the :class:`~gputuned.daemon.keeper.Keeper` whose state it keeps;
-every placement goes through its ``_place``. See :mod:`gputuned.daemon`."""
+changes. Each function takes the daemon's state (the Keeper, as
+:class:`~gputuned.daemon.state.DaemonState` describes it); every placement goes through its
+``_place``. See :mod:`gputuned.daemon`."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from gputuned.tuners.spread import held_threads
 
 if TYPE_CHECKING:
     from gputuned.changes import Change
-    from gputuned.daemon.keeper import Keeper
+    from gputuned.daemon.state import DaemonState
 
 log = logging.getLogger("gputuned")
 
 
-def place(k: Keeper, pids: list[int], why: str, threads: dict[int, set[int]] | None) -> None:
+def place(k: DaemonState, pids: list[int], why: str, threads: dict[int, set[int]] | None) -> None:
     """Plan and apply ``pids`` (``threads``: only these new threads of each)."""
     if k.profile is None or k.ctx is None or not k.profile.process:
         return
@@ -67,7 +68,7 @@ def place(k: Keeper, pids: list[int], why: str, threads: dict[int, set[int]] | N
         )
 
 
-def _keep(k: Keeper, settings: list[Change], *, merge: bool = False) -> None:
+def _keep(k: DaemonState, settings: list[Change], *, merge: bool = False) -> None:
     """A placement's settings join those the drift check re-reads, replacing the same
     settings planned earlier (a thread moved off the CPU a new main thread took).
     ``merge``: the settings of some new threads only; they join their process's."""
@@ -80,7 +81,7 @@ def _keep(k: Keeper, settings: list[Change], *, merge: bool = False) -> None:
     k.held.update(held_threads(mine))
 
 
-def _merged(k: Keeper, ch: Change) -> bool:
+def _merged(k: DaemonState, ch: Change) -> bool:
     """Add the threads of ``ch`` to the same setting of their process (in place: a new
     thread costs the daemon its own values, not a copy of all the others)."""
     have = k._by_key.get(ch.key)
@@ -97,7 +98,7 @@ def _merged(k: Keeper, ch: Change) -> bool:
     return True
 
 
-def forget_thread(k: Keeper, pid: int, tid: int) -> list[str]:
+def forget_thread(k: DaemonState, pid: int, tid: int) -> list[str]:
     """A thread of a placed process ended: its settings go, and the journal keys returned
     (dropped by the caller, all at once), so that the journal holds the threads alive, not
     every thread there ever was (issue 14, finding 6); compaction keeps the file within
@@ -117,18 +118,18 @@ def forget_thread(k: Keeper, pid: int, tid: int) -> list[str]:
     return keys
 
 
-def places(k: Keeper, pid: int) -> bool:
+def places(k: DaemonState, pid: int) -> bool:
     """Does the claim on ``pid`` place it (not one a rule leaves out)?"""
     return k.claims[pid].role != "excluded"
 
 
-def forget(k: Keeper, pid: int) -> bool:
+def forget(k: DaemonState, pid: int) -> bool:
     """``pid`` exited: its claim, settings and registration go. Was it known?"""
     was_claimed = drop(k, pid)
     return k.registered.pop(pid, None) is not None or was_claimed
 
 
-def drop(k: Keeper, pid: int) -> bool:
+def drop(k: DaemonState, pid: int) -> bool:
     """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
     k.held.pop(pid, None)
     k._threads.pop(pid, None)
@@ -140,7 +141,7 @@ def drop(k: Keeper, pid: int) -> bool:
     return True
 
 
-def refresh_placed(k: Keeper) -> None:
+def refresh_placed(k: DaemonState) -> None:
     """The claims of a full plan; a registration whose process is gone goes with it."""
     assert k.ctx is not None
     k.claims = claim_processes(k.ctx)
@@ -151,7 +152,7 @@ def refresh_placed(k: Keeper) -> None:
     }
 
 
-def warn_binding(k: Keeper, pids: list[int]) -> None:
+def warn_binding(k: DaemonState, pids: list[int]) -> None:
     """The plan's warning for those of ``pids`` a rule matches that will bind themselves,
     kept for status (tuners/selfbind.py: their command lines and environments are read
     again, since a process renamed or exec'd may be another engine now)."""
@@ -161,7 +162,7 @@ def warn_binding(k: Keeper, pids: list[int]) -> None:
         k.binding_warnings.update(warnings_for(k.ctx, k.claims, pids))
 
 
-def settle_gpu_use(k: Keeper) -> None:
+def settle_gpu_use(k: DaemonState) -> None:
     """After a full apply, place the ``by_gpu`` trees once more against this context's
     reading of their GPU use: a GPU opened between the apply's plan and now would
     otherwise look unchanged to every later scan (nothing is written where nothing
@@ -174,7 +175,7 @@ def settle_gpu_use(k: Keeper) -> None:
         k._place(mine, "GPU use at apply")
 
 
-def gpu_scan(k: Keeper) -> None:
+def gpu_scan(k: DaemonState) -> None:
     """``by_gpu`` rules: has a process placed by one, and without a GPU open then, opened
     one since? The kernel announces no open(2), so the device nodes of those processes are
     read again (tuners/gpuuse.py); a change re-plans the whole tree, since its processes
