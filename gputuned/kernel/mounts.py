@@ -82,10 +82,6 @@ class Mount:
     def super_read_only(self) -> bool:
         return "ro" in self.super_options.split(",")
 
-    def fs_options(self) -> list[str]:
-        """The super options without rw/ro: what goes into mount(2)'s data."""
-        return [o for o in self.super_options.split(",") if o and o not in ("rw", "ro")]
-
 
 def unescape(field: str) -> str:
     """Mount points are printed with space, tab, newline and backslash as \\ooo (seq_escape)."""

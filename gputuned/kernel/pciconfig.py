@@ -120,14 +120,6 @@ class PcieCap:
             if payload_bytes(code) is None
         )
 
-    @property
-    def relaxed_ordering(self) -> bool:
-        return bool(self.devctl & 0x10)
-
-    @property
-    def no_snoop(self) -> bool:
-        return bool(self.devctl & 0x800)
-
     # LnkCap / LnkCtl / LnkSta
     @property
     def cap_speed_gts(self) -> float | None:
@@ -174,13 +166,6 @@ class ConfigSpace:
     pcie: PcieCap | None
     msix_table_size: int | None
     msi_present: bool
-
-    @property
-    def is_bridge(self) -> bool:
-        return self.header_type == 1
-
-    def dword(self, offset: int) -> int:
-        return int(struct.unpack_from("<I", self.raw, offset)[0])
 
 
 def _u16(raw: bytes, off: int) -> int:
