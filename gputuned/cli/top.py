@@ -124,12 +124,12 @@ def _rule_targets(kernel: Kernel) -> Targets:
     from gputuned.engine.apply import read_active
     from gputuned.engine.plan import journal_originals
     from gputuned.kernel.pci import scan
-    from gputuned.kernel.proc import ProcInfo, iter_processes, read_process
+    from gputuned.kernel.proc import iter_processes
     from gputuned.kernel.system import read_host_cpus
     from gputuned.profile.load import parse_profile
     from gputuned.store.state import ACTIVE
     from gputuned.tuners.gpuuse import gpu_use
-    from gputuned.tuners.proctree import ClaimInput, claim, journal_key
+    from gputuned.tuners.proctree import ClaimInput, claim, journal_key, readers
 
     active = read_active(kernel)
     if active is None:
@@ -146,12 +146,6 @@ def _rule_targets(kernel: Kernel) -> Targets:
     uids = {r.match.user: kernel.user_id(r.match.user) for r in rules if r.match.user}
     original = journal_originals(kernel, None)
 
-    def load(pid: int) -> ProcInfo | None:
-        try:
-            return read_process(kernel, pid, threads=False, owner=True)
-        except (errors.TargetGone, errors.PermissionDenied):
-            return None
-
     claims = claim(
         iter_processes(kernel, brief=True),
         ClaimInput(
@@ -161,7 +155,7 @@ def _rule_targets(kernel: Kernel) -> Targets:
             {},
             {},
             lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
-            load,
+            **readers(kernel, owner=True),
         ),
     )
     out = [

@@ -14,13 +14,20 @@ a pattern searched in such a line can take time without end: with the first ship
   exponentially. Possessive (``*+``) and atomic (``(?>...)``) forms never give back what they
   matched and are accepted.
 - Each search gets :data:`BUDGET_S` of CPU (:class:`~gputuned.kernel.cpubudget.CpuBudget`). One
-  that runs past it is stopped and the pattern is *suspended* until the profile is applied
-  again: it is not run again, and it answers as the safe side would. A suspended
-  ``match.cmdline`` matches nothing (the rule grants nothing new; processes it placed stay
-  placed and their new children still follow them); a suspended ``exclude.cmdline`` leaves
-  every new descendant out (it gets back what its ancestor had). The log, ``plan`` and
-  ``gputunectl status`` name the rule and the process. So whatever the command lines, a
-  pattern costs the daemon at most one budget per full plan.
+  that runs past it is stopped and the pattern is *suspended for that process* (its PID and
+  start time) until the profile is applied again: it is not searched in that command line
+  again, and it answers as the safe side would. A suspended ``match.cmdline`` does not match
+  the process (the rule grants it nothing); a suspended ``exclude.cmdline`` leaves it out (it
+  gets back what its ancestor had). The log, ``plan`` and ``gputunectl status`` name the rule
+  and the process.
+- Suspending only for the process is what keeps one user from switching a rule off for
+  everyone (issue 30): a pattern suspended for all processes let any user's crafted command
+  line stop root's server from being placed. And a rule's owner keys (``user``, ``uid``,
+  ``unit``, ``cgroup``: one stat or one read each) are checked before its pattern is searched
+  (gputuned/tuners/proctree.py), so a rule that names an owner never searches another user's
+  command line at all. The price: each crafted process may cost the daemon one budget (50 ms)
+  for a rule without owner keys and a pattern slow enough; :data:`MAX_SUSPENDED` processes
+  are remembered, the oldest forgotten first.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: CPU seconds one search may take. The shipped pattern takes about 0.1 ms on a 4 KiB line.
 BUDGET_S = 0.05
+#: (pattern, process) suspensions remembered until the next apply; and listed in notes.
+MAX_SUSPENDED = 1024
+MAX_NOTES = 8
 
 
 # ---- at run time ----------------------------------------------------------------------------
@@ -50,8 +60,9 @@ class Searches:
 
     def __init__(self, budget_s: float = BUDGET_S) -> None:
         self.budget_s = budget_s
-        #: pattern -> what happened (rule, key, process), for the log, plan and status.
-        self.suspended: dict[str, str] = {}
+        #: (pattern, pid, start time) -> what happened (rule, key, process), for the log,
+        #: plan and status; oldest first.
+        self.suspended: dict[tuple[str, int, int], str] = {}
         self._compiled: dict[str, re.Pattern[str]] = {}
         self._budget: CpuBudget | None = None
 
@@ -73,10 +84,14 @@ class Searches:
             finally:
                 self._budget = None
 
-    def search(self, pattern: str, text: str, *, what: str, pid: int, safe: bool) -> bool:
-        """Does ``pattern`` occur in ``text``? ``safe``: the answer when the search cannot
-        be finished within the budget, or the pattern is suspended (see the module doc)."""
-        if pattern in self.suspended:
+    def search(
+        self, pattern: str, text: str, *, what: str, pid: int, start: int, safe: bool
+    ) -> bool:
+        """Does ``pattern`` occur in ``text``, the command line of process (``pid``,
+        ``start``)? ``safe``: the answer when the search cannot be finished within the budget,
+        or the pattern is suspended for this process (see the module doc)."""
+        key = (pattern, pid, start)
+        if key in self.suspended:
             return safe
         rx = self._compiled.get(pattern)
         if rx is None:
@@ -90,16 +105,25 @@ class Searches:
             why = f"{exc} on the command line of pid {pid} ({len(text)} characters)"
         except Exception as exc:  # the engine's own errors (SystemError, RecursionError)
             why = f"failed on the command line of pid {pid} ({type(exc).__name__}: {exc})"
-        self.suspended[pattern] = (
-            f"{what} {why}: suspended until the profile is applied again "
-            f"({'it matches nothing' if not safe else 'every new descendant is left out'}); "
-            "rewrite the pattern so that it cannot backtrack (docs/profiles.md)"
+        note = (
+            f"{what} {why}: suspended for that process until the profile is applied again "
+            f"({'it does not match it' if not safe else 'it is left out'}); other processes "
+            "are still searched; rewrite the pattern so that it cannot backtrack "
+            "(docs/profiles.md)"
         )
-        log.error("process: %s", self.suspended[pattern])
+        if len(self.suspended) >= MAX_SUSPENDED:
+            del self.suspended[next(iter(self.suspended))]
+        self.suspended[key] = note
+        log.error("process: %s", note)
         return safe
 
     def notes(self) -> list[str]:
-        return list(self.suspended.values())
+        """The newest suspensions, at most :data:`MAX_NOTES`, and how many more there are."""
+        notes = list(self.suspended.values())
+        if len(notes) <= MAX_NOTES:
+            return notes
+        more = len(notes) - MAX_NOTES
+        return [*notes[-MAX_NOTES:], f"process: {more} more suspended pattern searches"]
 
 
 SEARCHES = Searches()

@@ -22,18 +22,21 @@ This module only reads what the plan context already holds; it never touches the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gputuned import errors
 from gputuned.cpulist import parse_cpulist
-from gputuned.kernel.proc import read_process
+from gputuned.kernel.proc import read_process, read_uids
+from gputuned.kernel.procfs import cgroup_path
 from gputuned.settings.threads import policy_value, thread_value
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.context import Claim
 
 if TYPE_CHECKING:
+    from gputuned.kernel import Kernel
     from gputuned.kernel.proc import ProcInfo, ThreadInfo
     from gputuned.profile.tables.process import Config, Exclude, Match
     from gputuned.tuners.context import PlanContext
@@ -71,13 +74,35 @@ def _cheap(rule: Match, proc: ProcInfo, uses: Callable[[int], frozenset[int]]) -
         return False
     return (
         (rule.comm is None or proc.comm == rule.comm)
-        and (rule.cmdline is None or cmdline_matches(rule.cmdline, proc))
+        # A rule with owner keys searches its pattern only in what passes them (_claim()).
+        and (rule.cmdline is None or _owned(rule) or cmdline_matches(rule.cmdline, proc))
         and (rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid))
     )
 
 
+def _owned(rule: Match) -> bool:
+    """The rule names who owns the process (user, uid, unit, cgroup)."""
+    return any(v is not None for v in (rule.user, rule.uid, rule.unit, rule.cgroup))
+
+
+def _owner_may(rule: Match, proc: ProcInfo, inp: ClaimInput) -> bool:
+    """Do ``rule``'s owner keys (user, uid, unit, cgroup) hold for ``proc``? From its user IDs
+    and its cgroup, one read each where the scan read neither (a brief read), before its
+    command line is searched or the rest of it is read."""
+    if proc.brief:
+        by_uid = rule.user is not None or rule.uid is not None
+        ids = inp.owner(proc.pid) if by_uid else (None, None)
+        where = inp.cgroup_of(proc.pid) if rule.unit or rule.cgroup else ""
+        if ids is None or where is None:
+            return False  # it has gone
+        proc = replace(proc, uid=ids[0], euid=ids[1], cgroup=where)
+    owner = rule.model_copy(update={"exe": None, "comm": None, "cmdline": None, "uses_gpu": None})
+    uid = inp.uids.get(rule.user or "")
+    return matches(owner, proc, inp.uses, uid=uid, cgroup=inp.original_cgroup(proc))
+
+
 def _needs_more(rule: Match) -> bool:
-    return any(v is not None for v in (rule.exe, rule.user, rule.uid, rule.unit, rule.cgroup))
+    return rule.exe is not None or _owned(rule)
 
 
 def matches(
@@ -87,36 +112,46 @@ def matches(
     *,
     uid: int | None = None,
     cgroup: str | None = None,
+    searched: bool = False,
 ) -> bool:
     """All keys the rule gives must match; kernel threads (no exe, no cmdline) never do.
 
     ``uid``: what ``match.user`` names on this host (None: no such account, nothing matches).
     ``cgroup``: the process's cgroup before gputuned moved it (journaled), else its own: a
-    process matched by unit stays matched once it is in the partition.
+    process matched by unit stays matched once it is in the partition. ``searched``: the
+    caller has found the rule's ``cmdline`` in the process's command line already.
     """
     if proc.kernel_thread or (proc.exe is None and not proc.cmdline):
         return False
     where = proc.cgroup if cgroup is None else cgroup
     want_uid = rule.uid if rule.user is None else uid
-    checks = (
-        rule.exe is None or proc.exe == rule.exe,
-        rule.comm is None or proc.comm == rule.comm,
-        (rule.user is None and rule.uid is None)
-        or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid),
-        rule.cmdline is None or cmdline_matches(rule.cmdline, proc),
-        rule.unit is None or system_unit(where) == rule.unit,
-        rule.cgroup is None
-        or where == rule.cgroup
-        or where.startswith(rule.cgroup.rstrip("/") + "/"),
-        rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid),
+    # In this order, each only when those before it hold: the command line, which its
+    # owner writes, is searched only in processes whose owner keys hold (issue 30).
+    checks: tuple[Callable[[], bool], ...] = (
+        lambda: rule.exe is None or proc.exe == rule.exe,
+        lambda: rule.comm is None or proc.comm == rule.comm,
+        lambda: (
+            (rule.user is None and rule.uid is None)
+            or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid)
+        ),
+        lambda: rule.unit is None or system_unit(where) == rule.unit,
+        lambda: (
+            rule.cgroup is None
+            or where == rule.cgroup
+            or where.startswith(rule.cgroup.rstrip("/") + "/")
+        ),
+        lambda: rule.cmdline is None or searched or cmdline_matches(rule.cmdline, proc),
+        lambda: rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid),
     )
-    return all(checks)
+    return all(check() for check in checks)
 
 
 def cmdline_matches(pattern: str, proc: ProcInfo) -> bool:
     """``match.cmdline``, searched within its CPU budget; no match when it cannot finish."""
     what = f"match.cmdline {pattern[:80]!r}"
-    return SEARCHES.search(pattern, proc.cmdline, what=what, pid=proc.pid, safe=False)
+    return SEARCHES.search(
+        pattern, proc.cmdline, what=what, pid=proc.pid, start=proc.start_time, safe=False
+    )
 
 
 def excluded(ex: Exclude, proc: ProcInfo) -> bool:
@@ -127,7 +162,9 @@ def excluded(ex: Exclude, proc: ProcInfo) -> bool:
     if ex.cmdline is None:
         return False
     what = f"exclude.cmdline {ex.cmdline[:80]!r}"
-    return SEARCHES.search(ex.cmdline, proc.cmdline, what=what, pid=proc.pid, safe=True)
+    return SEARCHES.search(
+        ex.cmdline, proc.cmdline, what=what, pid=proc.pid, start=proc.start_time, safe=True
+    )
 
 
 # ---- claiming -----------------------------------------------------------------------------
@@ -146,7 +183,11 @@ class ClaimInput:
     known: dict[int, Claim]  # claims made earlier (the daemon's), for parents not listed
     original_cgroup: Callable[[ProcInfo], str | None]
     #: The whole of a briefly read process (exe, cgroup, user IDs); None once it is gone.
-    load: Callable[[int], ProcInfo | None] = lambda _pid: None
+    load: Callable[[int], ProcInfo | None]
+    #: A process's real and effective user IDs, and its cgroup (one read each); None once it
+    #: is gone. (All three: :func:`readers`.)
+    owner: Callable[[int], tuple[int | None, int | None] | None]
+    cgroup_of: Callable[[int], str | None]
 
 
 def claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
@@ -175,13 +216,22 @@ def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
                 break
             if not _cheap(rule.match, p, inp.uses):
                 continue
+            searched = not _owned(rule.match)  # _cheap searched it
+            if not searched:
+                # Its owner first (a read or two), then the command line its owner wrote.
+                if not _owner_may(rule.match, p, inp):
+                    continue  # another's: its command line is not searched
+                if rule.match.cmdline is not None and not cmdline_matches(rule.match.cmdline, p):
+                    continue
+                searched = True
             if p.brief and _needs_more(rule.match):
                 full = inp.load(pid)
                 if full is None or full.start_time != p.start_time:
                     break  # exited, or its PID reused, since the scan
                 p = listed[pid] = full
             uid = inp.uids.get(rule.match.user or "")
-            if matches(rule.match, p, inp.uses, uid=uid, cgroup=inp.original_cgroup(p)):
+            where = inp.original_cgroup(p)
+            if matches(rule.match, p, inp.uses, uid=uid, cgroup=where, searched=searched):
                 out[pid] = Claim(rule.name, "match", p.start_time)
                 break
     kids: dict[int, list[ProcInfo]] = {}
@@ -330,12 +380,6 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
     original = ctx.original
     owner = any(r.match.user is not None or r.match.uid is not None for r in ctx.profile.process)
 
-    def load(pid: int) -> ProcInfo | None:
-        try:
-            return read_process(ctx.kernel, pid, threads=False, owner=owner)
-        except (errors.TargetGone, errors.PermissionDenied):
-            return None
-
     return ClaimInput(
         rules=ctx.profile.process,
         uses=(lambda _pid: frozenset()) if use is None else use.of,
@@ -343,8 +387,36 @@ def claim_input(ctx: PlanContext, notes: list[str]) -> ClaimInput:
         registered=ctx.registered,
         known=ctx.claimed,
         original_cgroup=lambda p: original(journal_key(p.pid, p.start_time, "cgroup")),
-        load=load,
+        **readers(ctx.kernel, owner=owner),
     )
+
+
+def readers(kernel: Kernel, *, owner: bool) -> dict[str, Callable[[int], Any]]:
+    """ClaimInput's readers of a briefly read process, each None once it has gone: the whole
+    of it (``owner``: with its user IDs), its user IDs, its cgroup. Asked again of the same
+    PID within one claim, the last two answer from memory."""
+
+    def load(pid: int) -> ProcInfo | None:
+        try:
+            return read_process(kernel, pid, threads=False, owner=owner)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
+    @functools.cache
+    def ids(pid: int) -> tuple[int | None, int | None] | None:
+        try:
+            return read_uids(kernel, pid)
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
+    @functools.cache
+    def cgroup_of(pid: int) -> str | None:
+        try:
+            return cgroup_path(kernel.read_text(f"/proc/{pid}/cgroup")) or ""
+        except (errors.TargetGone, errors.PermissionDenied):
+            return None
+
+    return {"load": load, "owner": ids, "cgroup_of": cgroup_of}
 
 
 def claim_processes(ctx: PlanContext) -> dict[int, Claim]:

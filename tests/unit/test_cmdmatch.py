@@ -125,20 +125,39 @@ def test_the_shipped_pattern_still_matches_the_servers() -> None:
     assert time.thread_time() - t0 < 1.0
 
 
-def test_a_search_past_its_cpu_budget_is_stopped_and_the_pattern_suspended() -> None:
+def test_a_search_past_its_cpu_budget_is_stopped_and_suspended_for_that_process() -> None:
     s = Searches(budget_s=0.05)
     t0 = time.thread_time()
-    assert s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="match.cmdline x", pid=41, safe=False) is False
+    found = s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="match.cmdline x", pid=41, start=7, safe=False)
+    assert found is False
     # Unstopped this search runs for hours; stopped, it used about its budget.
     assert time.thread_time() - t0 < 5.0
     (note,) = s.notes()
-    assert "pid 41" in note and "suspended until the profile is applied again" in note
-    # Suspended: not run again (an exclude answers "left out"), until reset.
+    assert "pid 41" in note and "suspended for that process until the profile is applied" in note
+    # Suspended for that process: not run again in its line (it answers the safe side).
     t1 = time.thread_time()
-    assert s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="x", pid=42, safe=True) is True
+    assert s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="x", pid=41, start=7, safe=True) is True
     assert time.thread_time() - t1 < 0.01
+    # Every other process is still searched: another one, and the same PID reused.
+    assert s.search(AMBIGUOUS, "aaa", what="x", pid=42, start=8, safe=False) is True
+    assert s.search(AMBIGUOUS, "aaa", what="x", pid=41, start=9, safe=False) is True
     s.reset()
-    assert s.notes() == [] and s.search(AMBIGUOUS, "aaa", what="x", pid=43, safe=False)
+    assert s.notes() == [] and s.search(AMBIGUOUS, "aaa", what="x", pid=41, start=7, safe=False)
+
+
+def test_suspensions_are_bounded_and_notes_are_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputuned.tuners import cmdmatch
+
+    monkeypatch.setattr(cmdmatch, "MAX_SUSPENDED", 3)
+    s = Searches(budget_s=0.01)
+    for pid in range(10, 22):
+        s.search(AMBIGUOUS, AMBIGUOUS_LINE, what="x", pid=pid, start=pid, safe=False)
+    assert [k[1] for k in s.suspended] == [19, 20, 21], "the oldest forgotten first"
+    s.suspended.update({(AMBIGUOUS, p, p): f"note {p}" for p in range(100, 120)})
+    notes = s.notes()
+    assert len(notes) == cmdmatch.MAX_NOTES + 1 and notes[-1].endswith(
+        "more suspended pattern searches"
+    )
 
 
 def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path: Path) -> None:
@@ -154,7 +173,43 @@ def test_a_rule_whose_search_overruns_grants_nothing_and_plan_says_why(tmp_path:
     assert time.thread_time() - t0 < 10.0  # two searches of hours each, stopped at 50 ms
     assert not [c for c in plan.settings if c.tuner == "process"]
     notes = [n for n in plan.notes if "suspended" in n]
-    assert len(notes) == 1 and "match.cmdline" in notes[0], plan.notes
+    assert len(notes) == 2 and all("match.cmdline" in n for n in notes), plan.notes
+    assert "pid 6200" in notes[0] and "pid 6201" in notes[1]
+
+
+@pytest.mark.parametrize("owner", ["user", "any_user"])
+def test_another_users_crafted_command_line_changes_nothing_for_the_server(
+    tmp_path: Path, owner: str
+) -> None:
+    """Issue 30: a process of another user whose command line runs the rule's pattern past
+    its budget must not change whether the server is placed. With match.user the pattern is
+    never searched in the other user's line; without owner keys (any_user) it is suspended for
+    that process only."""
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    add_process(
+        root, 6400, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
+        start_time=64, uid=4321,
+    )  # fmt: skip
+    add_process(
+        root, 6401, comm="python3", cmdline=["aaaa"], exe="/usr/bin/python3.11",
+        start_time=65, uid=SERVER_UID,
+    )  # fmt: skip
+    if owner == "user":
+        prof = profile({"cmdline": AMBIGUOUS})
+    else:
+        prof = {
+            "name": "t",
+            "process": [
+                {"name": "srv", "match": {"cmdline": AMBIGUOUS}, "any_user": True, "nice": 5}
+            ],
+        }
+    plan = plan_profile(tree_kernel(root), parse_profile(prof, "t.toml"), allow_blocked=True)
+    placed = {c.data.get("pid") for c in plan.settings if c.tuner == "process"}
+    assert 6401 in placed and 6400 not in placed
+    suspended = [n for n in plan.notes if "suspended" in n]
+    assert (
+        suspended == [] if owner == "user" else len(suspended) == 1 and "pid 6400" in suspended[0]
+    )
 
 
 def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
@@ -178,17 +233,17 @@ def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
     d.start()
     try:
         notes = d._handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]
-        assert any("suspended until the profile is applied again" in n for n in notes), notes
+        assert any("suspended for that process until the profile is applied" in n for n in notes)
         assert 6300 not in d.placed
         remove_process(root, 6300)
         add_process(
             root, 6301, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
             start_time=64, uid=SERVER_UID,
         )  # fmt: skip
-        d._reapply("udev")  # the daemon's own re-plan: still suspended, not searched
-        (note,) = SEARCHES.notes()
-        assert "pid 6300" in note
-        d._apply_full("reload")  # applied again: searched again (and suspended again)
+        d._reapply("udev")  # the daemon's own re-plan: a new process is searched (and stopped)
+        assert ["pid 6300" in n for n in SEARCHES.notes()] == [True, False]
+        assert "pid 6301" in SEARCHES.notes()[1]
+        d._apply_full("reload")  # applied again: suspensions forgotten; 6301 searched again
         (note,) = SEARCHES.notes()
         assert "pid 6301" in note
     finally:

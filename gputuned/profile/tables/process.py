@@ -74,9 +74,13 @@ Match keys:
   a pattern that repeats a part holding another unbounded repetition (`(\\S+\\s+)*`) is
   refused: it can backtrack exponentially. Write the outer repetition possessive
   (`(?:...)*+`, with non-capturing groups inside: Python 3.11 fails on capturing ones there)
-  or atomic (`(?>...)`), or bound it. Each search gets 50 ms of CPU; one that runs past it is
-  stopped and its pattern suspended until the profile is applied again (it matches nothing;
-  a suspended `exclude.cmdline` leaves every new descendant out), and status and plan say so.
+  or atomic (`(?>...)`), or bound it. It is searched only in processes that pass the rule's
+  other keys (`user`, `uid`, `unit`, `cgroup` first), so a rule that names an owner never
+  searches another user's command line. Each search gets 50 ms of CPU; one that runs past it
+  is stopped and the pattern suspended for that process until the profile is applied again
+  (it does not match it; a suspended `exclude.cmdline` leaves it out), and status and plan
+  say so: other processes are still searched, so one user's command line cannot switch a
+  rule off for another's server.
 - `uses_gpu`: the process uses this GPU (index): NVML lists it, it has `/dev/nvidiaN` open, or
   its `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` name it.
 
