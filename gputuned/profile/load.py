@@ -7,6 +7,7 @@ key, a set under ``[cpusets]`` and arrays are replaced whole (see :mod:`gputuned
 from __future__ import annotations
 
 import posixpath
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -135,6 +136,10 @@ def _parse_toml(path: Path, raw: bytes) -> dict[str, Any]:
         msg = f"not UTF-8 text (byte {exc.start}); save the profile as UTF-8"
     except tomllib.TOMLDecodeError as exc:
         msg = f"TOML syntax error: {exc}"
+    except ValueError:
+        # int() refuses a literal of more than sys.get_int_max_str_digits() digits (4300).
+        limit = sys.get_int_max_str_digits()
+        msg = f"a number of more than {limit} digits; no key takes one so long"
     except RecursionError:
         msg = _TOO_DEEP
     else:

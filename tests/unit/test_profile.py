@@ -570,6 +570,25 @@ def test_no_table_of_a_loaded_profile_can_be_changed_in_place() -> None:
 # -- reading files -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("where", ["daemon.drift_interval_s", "cpusets.a.count"])
+def test_an_integer_longer_than_python_reads_is_an_invalid_profile(
+    tmp_path: Path, where: str
+) -> None:
+    """Issue 30, item 7: 5,000 digits made tomllib's int() raise ValueError past the loader
+    (the CLI's internal error, exit 70)."""
+    from gputuned.cli.main import main
+
+    table, key = where.rsplit(".", 1)
+    path = tmp_path / "big.toml"
+    path.write_text(f'name = "x"\n[{table}]\n{key} = {"9" * 5000}\n')
+    with pytest.raises(ProfileError) as exc:
+        load_profile(path)
+    assert exc.value.problems == [
+        ("", "a number of more than 4300 digits; no key takes one so long")
+    ]
+    assert main(["plan", str(path), "--root", str(REPO / "tests/data/hosts/ci-vm")]) == 4
+
+
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     missing = tmp_path / "missing.toml"
     with pytest.raises(ProfileError) as info:
