@@ -21,6 +21,7 @@ from gputuned.kernel import Kernel
 from gputuned.kernel.proc import read_identity
 from gputuned.service.control import PeerCred
 from gputuned.service.controlproto import BY_NAME
+from gputuned.service.peerlog import PEER_LOG
 from gputuned.textsafe import printable
 from gputuned.tuners.cmdmatch import SEARCHES
 from gputuned.tuners.context import Claim
@@ -41,7 +42,8 @@ class ControlHandlers(Keeper):
             raise errors.GputunedError(
                 f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
             )
-        log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
+        if PEER_LOG.allow(peer.uid):
+            log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
         handler: Callable[[dict[str, Any], PeerCred], dict[str, Any]] = getattr(self, f"_cmd_{cmd}")
         return handler(req, peer)
 

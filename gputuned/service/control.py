@@ -59,6 +59,7 @@ from gputuned.service.controlproto import (
     peer_allowed,
     proc_groups,
 )
+from gputuned.service.peerlog import PEER_LOG
 from gputuned.service.sockserve import Client, StreamServer
 from gputuned.store.state import ensure_dir
 
@@ -242,7 +243,10 @@ class ControlServer(StreamServer):
             req = parse_request(line)
             cmd = str(req["cmd"])
             if cmd in CHANGING and not self.access.may_change(cred, self._groups_of):
-                log.warning("control socket: refused %r from %s: it changes the host", cmd, cred)
+                if PEER_LOG.allow(cred.uid):
+                    log.warning(
+                        "control socket: refused %r from %s: it changes the host", cmd, cred
+                    )
                 return error(
                     f"permission denied: {cmd!r} changes the host; only "
                     f"{self.access.who_changes()} may send it (read-only: "

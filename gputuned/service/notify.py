@@ -55,6 +55,10 @@ def watchdog_interval() -> float | None:
     return int(usec) / 2e6
 
 
+#: Characters of a log message kept; the rest is counted.
+MAX_MESSAGE = 2000
+
+
 class _PriorityPrefix(logging.Formatter):
     """<N> syslog priority prefix, as sd-daemon(3) describes, for journald via stderr."""
 
@@ -65,10 +69,21 @@ class _PriorityPrefix(logging.Formatter):
         logging.ERROR: 3,
     }
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802  (logging's name)
+        # The message quotes process names, command lines, profiles and peers' requests:
+        # other users' text (textsafe), on one line (a newline there would start a line of
+        # its own, with a priority prefix of the sender's choosing) and bounded.
+        msg = printable(record.message)
+        if len(msg) > MAX_MESSAGE:
+            msg = f"{msg[:MAX_MESSAGE]}... ({len(msg) - MAX_MESSAGE} more characters)"
+        return self._style.format(logging.makeLogRecord({**record.__dict__, "message": msg}))
+
     def format(self, record: logging.LogRecord) -> str:
         prio = self._LEVELS.get(record.levelno, 2)
-        # Log lines quote process names and command lines: other users' text (textsafe).
-        return f"<{prio}>{printable(super().format(record), newlines=True)}"
+        # A traceback's lines each get the record's own prefix: journald reads a priority only
+        # at the start of a line, so text inside one stays text.
+        lines = super().format(record).split("\n")
+        return "\n".join(f"<{prio}>{printable(line)}" for line in lines)
 
 
 def setup_logging(*, debug: bool, to_journal: bool) -> str:

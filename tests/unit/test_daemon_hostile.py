@@ -281,3 +281,33 @@ def test_a_profile_sent_over_the_socket_is_reloaded_from_its_copy(
     active = json.loads((root / "etc/gputuned/active.json").read_text())
     assert "path" not in active and "sent by uid 0" in active["source"]
     d.stop()
+
+
+def test_a_members_requests_log_a_bounded_number_of_lines(
+    tmp_path: Path,
+    events: Events,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 30, item 2: unknown commands are not logged; a member's known ones at most 20 a
+    window (service/peerlog.py), whatever it sends."""
+    import logging
+
+    from gputuned.daemon import control
+    from gputuned.service.control import PeerCred
+    from gputuned.service.peerlog import PeerLogLimit
+
+    monkeypatch.setattr(control, "PEER_LOG", PeerLogLimit())
+    root = tree_copy("h200-captured", tmp_path)
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    member = PeerCred(4242, 1000, 1000)
+    with caplog.at_level(logging.INFO, logger="gputuned"):
+        for i in range(200):
+            with pytest.raises(errors.GputunedError):
+                d._handle({"cmd": f"statusX\n<0>forged {i}"}, member)
+        for _ in range(100):
+            d._handle({"cmd": "status"}, member)
+    assert "forged" not in caplog.text
+    assert caplog.text.count("daemon: control: status from pid 4242") == 20
+    d.stop()

@@ -101,3 +101,45 @@ def test_log_lines_show_no_escape() -> None:
     for fmt in (PrintableFormatter("%(message)s"), _PriorityPrefix("%(message)s")):
         line = fmt.format(record)
         assert not RAW.search(line) and "\\x1b]0;own" in line
+
+
+def test_a_log_line_cannot_be_forged_or_flood_the_journal() -> None:
+    """Issue 30, item 2: journald reads stderr line by line and honours a <N> priority at the
+    start of each. Text from a peer, a profile or /proc stays on its record's one line, a
+    traceback's lines each carry the record's own priority, and a message is bounded."""
+    import logging
+    import sys
+
+    from gputuned.service.notify import MAX_MESSAGE, _PriorityPrefix
+
+    fmt = _PriorityPrefix("%(name)s: %(message)s")
+    forged = "statusX\n<0>gputuned: daemon: FAKE revert complete"
+    record = logging.LogRecord("gputuned", logging.INFO, "", 0, "control: %s", (forged,), None)
+    assert fmt.format(record) == (
+        "<6>gputuned: control: statusX\\x0a<0>gputuned: daemon: FAKE revert complete"
+    )
+    try:
+        raise ValueError("boom\n<0>forged")
+    except ValueError:
+        exc = sys.exc_info()
+    record = logging.LogRecord("gputuned", logging.ERROR, "", 0, "%s", ("x" * 5000,), exc)
+    lines = fmt.format(record).split("\n")
+    assert all(line.startswith("<3>") for line in lines) and lines[-1] == "<3><0>forged"
+    assert lines[0].endswith(f"... ({5000 - MAX_MESSAGE} more characters)")
+    assert len(lines[0]) < MAX_MESSAGE + 100
+
+
+def test_one_peer_causes_a_bounded_number_of_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from gputuned.service.peerlog import PeerLogLimit
+
+    now = [0.0]
+    limit = PeerLogLimit(per_window=20, window_s=10.0, clock=lambda: now[0])
+    assert sum(limit.allow(1000) for _ in range(100)) == 20
+    assert sum(limit.allow(1001) for _ in range(5)) == 5, "each user has their own"
+    assert all(limit.allow(0) for _ in range(100)), "root is not limited"
+    now[0] = 11.0
+    with caplog.at_level(logging.INFO, logger="gputuned"):
+        assert limit.allow(1000)
+    assert "80 log lines caused by uid 1000 in 11 s were left out" in caplog.text
