@@ -109,8 +109,15 @@ class ProfileDirs:
         raise ProfileError(stem, [("", msg)])
 
     def resolve(self, arg: str | Path) -> Path:
-        """A command line's PROFILE: an existing file as given, else a profile name."""
-        path = Path(arg)
-        if path.exists() or not is_profile_name(str(arg)):
+        """A command line's PROFILE: a path when it has a ``/`` or ends in ``.toml``, else a
+        profile's name, never a file of the current folder: another user's link there
+        (``/tmp/shared-host``) would send root's ``plan shared-host`` elsewhere (issue 30)."""
+        text = str(arg)
+        if "/" in text or text.endswith(".toml") or not is_profile_name(text):
+            path = Path(arg)
+            stem = text.removesuffix(".toml")
+            if "/" not in text and not path.exists() and is_profile_name(stem):
+                msg = f"no such file here; the profile named {stem!r} is given by its name alone"
+                raise ProfileError(text, [("", f"{msg}, without .toml")])
             return path
-        return self.find(str(arg))
+        return self.find(text)

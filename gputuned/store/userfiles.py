@@ -71,11 +71,25 @@ def untrusted_folder(path: str | Path, st: os.stat_result) -> str | None:
     real = os.path.realpath(path)
     try:
         now = os.stat(real)
+        # The path as given too: a link another user made (in /tmp, say) sends root to the
+        # file of their choosing, and its folders decide what it is next time (issue 30).
+        given = os.path.abspath(path)
+        link = os.lstat(given)
     except OSError:
         return "it moved while it was read"
     if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
         return "it was replaced while it was read"
-    owner, folder = st.st_uid, os.path.dirname(real)
+    if stat.S_ISLNK(link.st_mode):
+        if link.st_uid != 0:
+            return f"the link {given} is owned by uid {link.st_uid}, not root"
+        why = _folders(os.path.dirname(given), link.st_uid)
+        if why is not None:
+            return why
+    return _folders(os.path.dirname(real), st.st_uid)
+
+
+def _folders(folder: str, owner: int) -> str | None:
+    """Why root must not trust ``folder`` and those above it, holding an entry of ``owner``."""
     while True:
         dst = os.lstat(folder)
         if dst.st_uid != 0:

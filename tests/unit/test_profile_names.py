@@ -72,12 +72,24 @@ def test_unknown_or_path_like_names_are_refused_with_the_choices(tmp_path: Path)
 def test_a_file_given_as_a_path_stays_a_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Names are names, paths are paths (a ``/`` or ``.toml``): a file of the current folder
+    named like a profile is never taken for it (issue 30: another user's /tmp/shared-host
+    link sent root's ``plan shared-host``, run from /tmp, to a profile of their choosing)."""
     dirs = ProfileDirs.for_host(tree_kernel(user_tree(tmp_path)))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "shared-host").write_text('name = "local"\n')
-    assert dirs.resolve("shared-host") == Path("shared-host")  # an existing file wins
+    (tmp_path / "mine.toml").write_text('name = "mine"\n')
+    assert dirs.resolve("shared-host") == shipped_dir() / "shared-host.toml"
+    assert dirs.resolve("./shared-host") == Path("./shared-host")
+    assert dirs.resolve("mine.toml") == Path("mine.toml")
     assert dirs.resolve("dedicated-inference") == shipped_dir() / "dedicated-inference.toml"
     assert dirs.resolve("missing/x.toml") == Path("missing/x.toml")  # a path: load says why
+    with pytest.raises(ProfileError) as exc:
+        dirs.resolve("nosuch.toml")
+    assert exc.value.problems == [
+        ("", "no such file here; the profile named 'nosuch' is given by its name alone, "
+             "without .toml")
+    ]  # fmt: skip
 
 
 def test_include_by_name_extends_the_shipped_profile_of_the_same_name(tmp_path: Path) -> None:

@@ -179,6 +179,30 @@ def test_a_root_file_in_a_folder_others_control_is_refused(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
+def test_a_link_another_user_made_is_refused_even_to_roots_own_file(tmp_path: Path) -> None:
+    """Issue 30, item 6: the path as given is checked as well as its target. Another user's
+    link in a sticky folder (as in /tmp) to a profile of root's, shipped or not, is refused;
+    root's own link there is fine."""
+    from gputuned.profile.load import load_profile
+
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    target = tmp_path / "p.toml"
+    target.write_text('name = "roots"\n')
+    theirs = sticky / "shared-host.toml"
+    theirs.symlink_to(target)
+    os.lchown(theirs, 1000, 1000)
+    with pytest.raises(errors.ProfileError) as info:
+        load_profile(theirs)
+    ((_key, msg),) = info.value.problems
+    assert f"the link {theirs} is owned by uid 1000, not root" in msg, msg
+    mine = sticky / "mine.toml"
+    mine.symlink_to(target)
+    assert load_profile(mine).name == "roots"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
 def test_a_root_file_in_a_sticky_folder_is_fine(tmp_path: Path) -> None:
     from gputuned.profile.load import load_profile
 
