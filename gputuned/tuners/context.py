@@ -32,6 +32,8 @@ class Claim:
     role: str
     start: int
     parent: int = 0
+    #: Why an "excluded" descendant is left out, where plan says so ("another user").
+    why: str = ""
 
 
 @dataclass(frozen=True)

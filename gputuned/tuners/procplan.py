@@ -60,6 +60,13 @@ class ProcessTuner:
                     f"process[{rule.name}]: no running process matches; the daemon (gputuned) "
                     "places it when it starts"
                 )
+        others = sorted(pid for pid, c in claims.items() if c.why == "another user")
+        if others:
+            shown = ", ".join(map(str, others[:10])) + (" ..." if len(others) > 10 else "")
+            out.notes.append(
+                f"process: {len(others)} descendant(s) running as another user than their "
+                f"parent left out (PID {shown}); other_users = true places them too"
+            )
         if any(r.children == "follow" for r in ctx.profile.process):
             out.notes.append(
                 "process: the processes a matched process starts are placed with it; those "

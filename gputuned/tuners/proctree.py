@@ -101,6 +101,14 @@ def _owner_may(rule: Match, proc: ProcInfo, inp: ClaimInput) -> bool:
     return matches(owner, proc, inp.uses, uid=uid, cgroup=inp.original_cgroup(proc))
 
 
+def _another_user(child: ProcInfo, parent: int, inp: ClaimInput) -> bool:
+    """Does ``child`` run as another user than its parent (real or effective user ID)? One
+    that cannot be read (gone) is not taken for the parent's."""
+    mine = (child.uid, child.euid) if child.uid is not None else inp.owner(child.pid)
+    theirs = inp.owner(parent)
+    return mine is None or theirs is None or mine != theirs
+
+
 def _needs_more(rule: Match) -> bool:
     return rule.exe is not None or _owned(rule)
 
@@ -251,13 +259,21 @@ def _claim(procs: Iterable[ProcInfo], inp: ClaimInput) -> dict[int, Claim]:
                 if mine.role == "match" and mine.parent == 0:
                     out[child.pid] = Claim(mine.rule, "match", mine.start, parent)
                 continue  # matched by a rule of its own, or already reached
+            other = (
+                not ruled.other_users
+                and up.role != "excluded"
+                and ruled.children != "ignore"
+                and _another_user(child, parent, inp)
+            )
             leave_out = (
                 up.role == "excluded"
                 or ruled.children == "ignore"
+                or other
                 or excluded(ruled.exclude, child)
             )
             role = "excluded" if leave_out else "child"
-            out[child.pid] = Claim(ruled.name, role, child.start_time, parent)
+            why = "another user" if other else ""
+            out[child.pid] = Claim(ruled.name, role, child.start_time, parent, why)
             queue.append(child.pid)
     for pid, p in listed.items():
         # Claimed earlier and its parent is gone (a reparented orphan): it keeps its claim.

@@ -27,13 +27,14 @@ from gputuned import errors
 from gputuned.daemon.core import Daemon
 from gputuned.engine.apply import apply_profile, revert_all
 from gputuned.engine.journal import Journal
-from gputuned.engine.plan import plan_profile
+from gputuned.engine.plan import plan_profile, read_context
 from gputuned.kernel.oserrors import translate
 from gputuned.kernel.proc import ancestor_in, read_process
 from gputuned.profile.load import load_profile, parse_profile
 from gputuned.service.control import PeerCred
 from gputuned.service.procwatch import ProcEvent
 from gputuned.store.state import JOURNAL
+from gputuned.tuners.procplan import ProcessTuner
 from tests.fakeproc import add_process, remove_process
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import SERVER_UID, digest, tree_copy
@@ -189,6 +190,45 @@ def test_tree_first_apply_places_every_descendant_and_revert_is_exact(tmp_path: 
     rep = revert_all(tree_kernel(root))
     assert rep.failed == [] and rep.notes == []
     assert digest(root) == before
+
+
+@pytest.mark.parametrize("other_users", [False, True])
+def test_a_descendant_of_another_user_is_left_out_unless_the_rule_says(
+    tmp_path: Path, other_users: bool
+) -> None:
+    """Issue 30, item 8: the server's ``sudo`` child (uid 0) and a helper it starts as another
+    account are not given the server's nice level and partition, and plan says so; with
+    ``other_users = true`` they follow as before."""
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    vllm_tree(root)
+    add_process(
+        root, 5040, comm="sudo", cmdline=["sudo", "nvidia-smi"], exe="/usr/bin/sudo",
+        start_time=5040, ppid=API, uid=0,
+    )  # fmt: skip
+    add_process(
+        root, 5041, comm="nvidia-smi", cmdline=["nvidia-smi"], exe="/usr/bin/nvidia-smi",
+        start_time=5041, ppid=5040, uid=0,
+    )  # fmt: skip
+    add_process(
+        root, 5050, comm="sh", cmdline=["sh", "-c", "x"], exe="/bin/sh",
+        start_time=5050, ppid=CORE, uid=4321,
+    )  # fmt: skip
+    text = profile_file(tmp_path).read_text()
+    if other_users:
+        text = text.replace('name = "server"\n', 'name = "server"\nother_users = true\n', 1)
+    prof = tmp_path / "prof.toml"
+    prof.write_text(text)
+    plan = plan_profile(tree_kernel(root), load_profile(prof))
+    claims = ProcessTuner().plan_tree(read_context(tree_kernel(root), load_profile(prof)))[1]
+    roles = {pid: claims[pid].role for pid in (API, CORE, 5040, 5041, 5050)}
+    if other_users:
+        assert set(roles.values()) <= {"match", "child"}, roles
+    else:
+        assert roles == {
+            API: "match", CORE: "child", 5040: "excluded", 5041: "excluded", 5050: "excluded"
+        }  # fmt: skip
+        (note,) = [n for n in plan.notes if "another user" in n]
+        assert "2 descendant(s)" in note and "PID 5040, 5050" in note, note
 
 
 def test_daemon_first_children_get_their_parents_originals_back(
@@ -490,7 +530,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
     d, root = daemon
     d.start()
     peer = PeerCred(1, 0, 0)
-    python(root, 6000, ["python3", "serve.py"], start=600)
+    python(root, 6000, ["python3", "serve.py"], start=600, uid=SERVER_UID)
     add_process(root, 6100, comm="kworker/0:1", cmdline=[], exe=None, start_time=1, ppid=2)
     stat = root / "proc/6100/stat"
     stat.write_text(stat.read_text().replace(" 4194560 ", f" {0x00200000} ", 1))  # PF_KTHREAD

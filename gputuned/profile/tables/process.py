@@ -14,7 +14,9 @@ Every process gputuned places is journaled with its own original values. A child
 its parent was placed inherited the placement at fork; its original is what the parent had
 before gputuned, and that is what revert gives it. `exclude` names helpers to leave out (by
 `comm` or `cmdline`); they, their own children, and with `children = "ignore"` every child, get
-back what their ancestor had before gputuned instead of the inherited placement.
+back what their ancestor had before gputuned instead of the inherited placement. So does a
+descendant that runs as another user than its parent (a `sudo`, a setuid helper), unless
+`other_users = true`: a rule that names the server's user grants nothing to another's.
 
 Revert puts back every process it placed, then every process still inside gputuned's cgroup
 that it did not place (moved to where its placed ancestor came from, its inherited values put
@@ -365,6 +367,14 @@ class Config(BaseModel):
             "'follow': every process a matched process starts (spawned, forked, renamed, "
             "grandchildren) is placed too. 'ignore': only the matched process; its children "
             "get back what it had before gputuned instead of the placement fork passed on."
+        ),
+    )
+    other_users: StrictBool = Field(
+        default=False,
+        description=(
+            "With children = 'follow': also place descendants that run as another user than "
+            "their parent (a sudo, a setuid helper, a worker that drops to another account). "
+            "Off: they are left out, get back what their ancestor had, and plan says so."
         ),
     )
     exclude: Exclude = Field(
