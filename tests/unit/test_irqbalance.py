@@ -80,9 +80,8 @@ class FakeIrqbalance:
         self.thread.join(timeout=2)
 
 
-@pytest.fixture
-def tree(tmp_path: Path) -> Iterator[tuple[Path, FakeIrqbalance]]:
-    root = tree_copy("h200-captured", tmp_path)
+def running_irqbalance(root: Path) -> FakeIrqbalance:
+    """irqbalance's process in the tree at ``root``, and its socket answering (close it)."""
     add_process(
         root,
         PID,
@@ -92,7 +91,13 @@ def tree(tmp_path: Path) -> Iterator[tuple[Path, FakeIrqbalance]]:
         start_time=500,
         cgroup="/system.slice/irqbalance.service",
     )
-    fake = FakeIrqbalance(root / f"run/irqbalance/irqbalance{PID}.sock")
+    return FakeIrqbalance(root / f"run/irqbalance/irqbalance{PID}.sock")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[Path, FakeIrqbalance]]:
+    root = tree_copy("h200-captured", tmp_path)
+    fake = running_irqbalance(root)
     yield root, fake
     fake.close()
 

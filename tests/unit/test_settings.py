@@ -16,12 +16,10 @@ from gputuned.errors import GputunedError
 from gputuned.settings.base import Op, Setting
 from gputuned.settings.registry import change_kinds, expand, holds, setting, settings
 from gputuned.store.state import GRUB_DROPIN
-from tests.fakeproc import add_process
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit.test_apply import full_profile, tree_copy
 from tests.unit.test_architecture import cycles, import_graph
-from tests.unit.test_irqbalance import PID as IRQBALANCE_PID
-from tests.unit.test_irqbalance import FakeIrqbalance, tree  # noqa: F401  (the fixture)
+from tests.unit.test_irqbalance import FakeIrqbalance, running_irqbalance, tree  # noqa: F401
 from tests.unit.test_setting_kinds import (
     CG,
     UNIT_CG,
@@ -151,16 +149,7 @@ def test_verify_and_apply_read_back_agree_on_every_kind_a_full_plan_writes(
     irqbalance: every change planned is written; then plan's in_sync (what verify reports) and
     apply's read-back both say each op holds, and planning again writes nothing."""
     root = tree_copy("h200-vm", tmp_path)
-    add_process(
-        root,
-        IRQBALANCE_PID,
-        comm="irqbalance",
-        cmdline=["/usr/sbin/irqbalance", "--foreground"],
-        exe="/usr/sbin/irqbalance",
-        start_time=500,
-        cgroup="/system.slice/irqbalance.service",
-    )
-    fake = FakeIrqbalance(root / f"run/irqbalance/irqbalance{IRQBALANCE_PID}.sock")
+    fake = running_irqbalance(root)
     try:
         prof = full_profile(neighbours={"weight": 50})
         before = plan_profile(tree_kernel(root), prof)
