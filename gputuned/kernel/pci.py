@@ -19,6 +19,7 @@ from gputuned.kernel.pciconfig import (
     MPS_SUPPORTED,
     NOT_RESPONDING,
     OK,
+    SHORT,
     ConfigSpace,
     parse_config,
     read_registers,
@@ -66,7 +67,7 @@ class PciDevice:
 
     def _ids(self) -> tuple[int, int, int]:
         cfg = self.config
-        if cfg.state == NOT_RESPONDING and self.sysfs_ids is not None:
+        if cfg.state in (NOT_RESPONDING, SHORT) and self.sysfs_ids is not None:
             return self.sysfs_ids
         return cfg.vendor, cfg.device, cfg.class_code
 
@@ -228,7 +229,7 @@ def _read_device(kernel: Kernel, bdf: str) -> PciDevice:
     if kernel.exists(f"{sysfs}/driver"):
         driver = kernel.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
     ids = None
-    if config.state == NOT_RESPONDING:
+    if config.state in (NOT_RESPONDING, SHORT):  # its IDs are not (all) in what was read
         ids = _sysfs_ids(kernel, sysfs)
     return PciDevice(
         bdf=bdf,

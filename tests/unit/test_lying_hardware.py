@@ -189,6 +189,27 @@ def test_config_shorter_than_the_header_is_a_finding(tmp_path: Path) -> None:
     assert "config space is 12 bytes" in messages(devs[GPU])
 
 
+@pytest.mark.parametrize("size", [0, 10])
+def test_a_gpu_whose_config_cannot_be_read_stays_a_gpu_and_keeps_its_cpus(
+    tmp_path: Path, size: int
+) -> None:
+    """Issue 30, item 9: a GPU whose config space read gave 0 or 10 bytes dropped out (its class
+    read as all-ones), and a set of its local CPUs widened to every CPU. sysfs still names it an
+    NVIDIA 3D controller: it stays a GPU, reported unreadable, and keeps its CPUs."""
+    root = tree_copy("dual-socket-8gpu", tmp_path, server=False)
+    prof = parse_profile(
+        {"name": "t", "cpusets": {"g": {"gpu_local": 0}}, "irq": {"gpu_cpus": "g"}}, "t"
+    )
+    before = plan_profile(tree_kernel(root), prof).sets["g"]
+    path = config_path(root, GPU)
+    path.write_bytes(path.read_bytes()[:size])
+    devs = by_bdf(inspect(tree_kernel(root)))
+    assert len(devs) == 8
+    assert f"config space is {size} bytes" in messages(devs[GPU])
+    assert devs[GPU]["vendor"] == "0x10de" and devs[GPU]["class"] == "0x030200"  # from sysfs
+    assert plan_profile(tree_kernel(root), prof).sets["g"] == before
+
+
 def test_pcie_capability_past_the_end_is_a_finding(tmp_path: Path) -> None:
     root = tree_copy("h200-vm", tmp_path, server=False)
     path = config_path(root, "0000:00:06.0")
