@@ -96,9 +96,9 @@ def _owner_may(rule: Match, proc: ProcInfo, inp: ClaimInput) -> bool:
         if ids is None or where is None:
             return False  # it has gone
         proc = replace(proc, uid=ids[0], euid=ids[1], cgroup=where)
-    owner = rule.model_copy(update={"exe": None, "comm": None, "cmdline": None, "uses_gpu": None})
-    uid = inp.uids.get(rule.user or "")
-    return matches(owner, proc, inp.uses, uid=uid, cgroup=inp.original_cgroup(proc))
+    original = inp.original_cgroup(proc)
+    cgroup = proc.cgroup if original is None else original
+    return _owner_holds(rule, proc, inp.uids.get(rule.user or ""), cgroup)
 
 
 def _another_user(child: ProcInfo, parent: int, inp: ClaimInput) -> bool:
@@ -132,26 +132,31 @@ def matches(
     if proc.kernel_thread or (proc.exe is None and not proc.cmdline):
         return False
     where = proc.cgroup if cgroup is None else cgroup
+    # Each only when those before it hold: the command line, which its owner writes, is
+    # searched only in processes whose owner keys hold (issue 30).
+    return (
+        (rule.exe is None or proc.exe == rule.exe)
+        and (rule.comm is None or proc.comm == rule.comm)
+        and _owner_holds(rule, proc, uid, where)
+        and (rule.cmdline is None or searched or cmdline_matches(rule.cmdline, proc))
+        and (rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid))
+    )
+
+
+def _owner_holds(rule: Match, proc: ProcInfo, uid: int | None, where: str) -> bool:
+    """The rule's owner keys: ``user`` (``uid``: its UID here) or ``uid``, ``unit`` and
+    ``cgroup`` (``where``: the process's cgroup, as matches() takes it)."""
     want_uid = rule.uid if rule.user is None else uid
-    # In this order, each only when those before it hold: the command line, which its
-    # owner writes, is searched only in processes whose owner keys hold (issue 30).
-    checks: tuple[Callable[[], bool], ...] = (
-        lambda: rule.exe is None or proc.exe == rule.exe,
-        lambda: rule.comm is None or proc.comm == rule.comm,
-        lambda: (
-            (rule.user is None and rule.uid is None)
-            or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid)
-        ),
-        lambda: rule.unit is None or system_unit(where) == rule.unit,
-        lambda: (
+    return (
+        ((rule.user is None and rule.uid is None)
+         or (want_uid is not None and proc.uid == want_uid and proc.euid == want_uid))
+        and (rule.unit is None or system_unit(where) == rule.unit)
+        and (
             rule.cgroup is None
             or where == rule.cgroup
             or where.startswith(rule.cgroup.rstrip("/") + "/")
-        ),
-        lambda: rule.cmdline is None or searched or cmdline_matches(rule.cmdline, proc),
-        lambda: rule.uses_gpu is None or rule.uses_gpu in uses(proc.pid),
-    )
-    return all(check() for check in checks)
+        )
+    )  # fmt: skip
 
 
 def cmdline_matches(pattern: str, proc: ProcInfo) -> bool:
