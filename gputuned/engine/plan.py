@@ -154,9 +154,8 @@ def all_tuners() -> Sequence[Tuner]:
     """The tables' tuners, in the order their declarations give (gputuned/profile/tables/)."""
     out = []
     for table in sorted(declared.tables(), key=lambda t: t.plan_rank):
-        if table.tuner is not None:
-            module, _, name = table.tuner.partition(":")
-            out.append(getattr(importlib.import_module(module), name)())
+        module, _, name = table.tuner.partition(":")
+        out.append(getattr(importlib.import_module(module), name)())
     return out
 
 

@@ -39,10 +39,10 @@ class Table:
     manual: str
     #: Place in the profile, the schema and the manual (ascending).
     position: int
-    #: The tuner that plans it, "module:Class" under gputuned/tuners/ (None: no tuner), and
-    #: when, among the others (ascending). A tuner sees every change planned before it.
-    tuner: str | None = None
-    plan_rank: int = 0
+    #: The tuner that plans it, "module:Class" under gputuned/tuners/, and when, among the
+    #: others (ascending). A tuner sees every change planned before it.
+    tuner: str
+    plan_rank: int
     #: The CPU-set references in a value of the table (called only when the table is there).
     refs: Callable[[Any], list[Ref]] = _no_refs
     #: ``[[key]]``: an array of tables, default empty.
