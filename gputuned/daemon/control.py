@@ -30,10 +30,15 @@ from gputuned.tuners.proctree import OWN_COMMS
 log = logging.getLogger("gputuned")
 
 
-class ControlHandlers(Keeper):
-    """The daemon's answers to control requests."""
+class Requests:
+    """The daemon's answers to control requests, on the keeper's state (it owns none but
+    the verify cache)."""
 
-    def _handle(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
+    def __init__(self, keeper: Keeper) -> None:
+        self.k = keeper
+        self._verify_cache: tuple[float, bool, dict[str, Any]] | None = None
+
+    def handle(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
         """One control request. The server has parsed it and refused what this peer may not
         send (controlproto: read-only commands for the control group, changing ones for root
         and the admin group); each field is checked here before it is used."""
@@ -48,22 +53,22 @@ class ControlHandlers(Keeper):
         return handler(req, peer)
 
     def _cmd_status(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
-        return self._status()
+        return self.status()
 
     def _cmd_top(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
-        return {k: v for k, v in self._status().items() if k in _TOP_KEYS}
+        return {k: v for k, v in self.status().items() if k in _TOP_KEYS}
 
     def _cmd_verify(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
         return self._verify_for(peer, strict=request_flag(req, "strict"))
 
     def _cmd_revert(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
-        rep = revert_all(self.kernel, lock=False, journal=self.journal, boot_config=True)
-        self.profile, self.ctx, self.claims, self.registered = None, None, {}, {}
-        self.reload_path, self._verify_cache, self.held = None, None, {}
-        self.binds = BindWatch()
-        self.status = "idle: reverted (gputunectl apply PROFILE)"
-        self._schedule()
-        self.notify.send(f"STATUS={self.status}")
+        rep = revert_all(self.k.kernel, lock=False, journal=self.k.journal, boot_config=True)
+        self.k.profile, self.k.ctx, self.k.claims, self.k.registered = None, None, {}, {}
+        self.k.reload_path, self._verify_cache, self.k.held = None, None, {}
+        self.k.binds = BindWatch()
+        self.k.status = "idle: reverted (gputunectl apply PROFILE)"
+        self.k.schedule()
+        self.k.notify.send(f"STATUS={self.k.status}")
         return rep.to_json()
 
     def _cmd_register(self, req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
@@ -73,23 +78,23 @@ class ControlHandlers(Keeper):
         return self._register("unregister", req)
 
     def _cmd_apply(self, req: dict[str, Any], peer: PeerCred) -> dict[str, Any]:
-        profile, source, reload_path = profile_from_request(self.kernel, req, peer)
-        old = self.profile, self.source, self.profile_path, self.reload_path
-        self.profile, self.source, self.profile_path = profile, source, None
-        self.reload_path, self._verify_cache = reload_path, None
+        profile, source, reload_path = profile_from_request(self.k.kernel, req, peer)
+        old = self.k.profile, self.k.source, self.k.profile_path, self.k.reload_path
+        self.k.profile, self.k.source, self.k.profile_path = profile, source, None
+        self.k.reload_path, self._verify_cache = reload_path, None
         try:
-            report = self._apply_full("apply")
+            report = self.k.apply_full("apply")
         except Exception:
-            self.profile, self.source, self.profile_path, self.reload_path = old
+            self.k.profile, self.k.source, self.k.profile_path, self.k.reload_path = old
             raise  # the client gets the error
-        self._schedule()
-        self.notify.send(f"STATUS={self.status}")
+        self.k.schedule()
+        self.k.notify.send(f"STATUS={self.k.status}")
         return {"profile": profile.name, **report.to_json()}
 
     def _verify_for(self, peer: PeerCred, *, strict: bool) -> dict[str, Any]:
         """A fresh verify for root; others get one at most VERIFY_CACHE_S old (each is a full
         plan, and a member of the control group must not keep the daemon busy with them)."""
-        if self.profile is None:
+        if self.k.profile is None:
             raise errors.GputunedError("no profile applied; gputunectl apply PROFILE first")
         t = time.monotonic()
         cached = self._verify_cache
@@ -97,15 +102,15 @@ class ControlHandlers(Keeper):
             return cached[2]
         vrep = verify_plan(
             plan_profile(
-                self.kernel,
-                self.profile,
-                registered=self.registered,
-                self_bound=self.binds.self_bound(),
+                self.k.kernel,
+                self.k.profile,
+                registered=self.k.registered,
+                self_bound=self.k.binds.self_bound(),
             ),
-            read_state(self.kernel),
+            read_state(self.k.kernel),
             strict=strict,
         )
-        vrep.lines += self.binds.lines()
+        vrep.lines += self.k.binds.lines()
         out = vrep.to_json()
         self._verify_cache = (t, strict, out)
         return out
@@ -116,60 +121,60 @@ class ControlHandlers(Keeper):
         with the process (an exit event, or a full plan that no longer finds it)."""
         pid, start = _process_id(req)
         if cmd == "unregister":
-            known = self.claims.get(pid)
+            known = self.k.claims.get(pid)
             if start is not None and known is not None and known.start != start:
                 raise errors.GputunedError(
                     f"unregister {pid}: PID {pid} now belongs to another process than the one "
                     "placed; nothing was changed"
                 )
-            tree = {pid} | _descendants(self.claims, pid)
+            tree = {pid} | _descendants(self.k.claims, pid)
             for p in tree:
-                placing.drop(self, p)
-            self.registered.pop(pid, None)
-            return restore_processes(self.kernel, tree, self.journal).to_json()
-        if self.profile is None or not self.profile.process:
+                placing.drop(self.k, p)
+            self.k.registered.pop(pid, None)
+            return restore_processes(self.k.kernel, tree, self.k.journal).to_json()
+        if self.k.profile is None or not self.k.profile.process:
             raise errors.GputunedError("the active profile has no [[process]] rule to place it by")
-        names = [r.name for r in self.profile.process]
+        names = [r.name for r in self.k.profile.process]
         rule = req.get("rule")
         if rule is not None and not isinstance(rule, str):
             raise errors.GputunedError("rule must be the name of a [[process]] rule (a string)")
         name = rule or names[0]
         if name not in names:
             raise errors.GputunedError(f"no rule {name!r}; the profile has: {', '.join(names)}")
-        self.registered[pid] = (_check_registrable(self.kernel, pid, start), name)
-        if self.ctx is not None:
-            self.ctx = read_context(
-                self.kernel, self.profile, registered=self.registered, journal=self.journal
+        self.k.registered[pid] = (_check_registrable(self.k.kernel, pid, start), name)
+        if self.k.ctx is not None:
+            self.k.ctx = read_context(
+                self.k.kernel, self.k.profile, registered=self.k.registered, journal=self.k.journal
             )
-        self._place([pid], f"registered for rule {name}")
+        self.k.place([pid], f"registered for rule {name}")
         return {
             "pid": pid,
-            "start": self.registered[pid][0],
+            "start": self.k.registered[pid][0],
             "rule": name,
-            "placed": pid in self.placed,
+            "placed": pid in self.k.placed,
         }
 
-    def _status(self) -> dict[str, Any]:
-        state = read_state(self.kernel)
+    def status(self) -> dict[str, Any]:
+        state = read_state(self.k.kernel)
         return {
-            "daemon": {"pid": _pid(), "version": __version__, "status": self.status,
-                       "watcher": self.watcher.mode if self.watcher else None,
-                       "udev": self.udev is not None, **self.counters},
-            "active_profile": self.profile.name if self.profile else None,
-            "source": self.source or None,
+            "daemon": {"pid": _pid(), "version": __version__, "status": self.k.status,
+                       "watcher": self.k.watcher.mode if self.k.watcher else None,
+                       "udev": self.k.udev is not None, **self.k.counters},
+            "active_profile": self.k.profile.name if self.k.profile else None,
+            "source": self.k.source or None,
             "applied_at": state.get("applied_at"),
-            "journal_entries": len(self.journal) if self.journal is not None else 0,
+            "journal_entries": len(self.k.journal) if self.k.journal is not None else 0,
             "not_possible": state.get("not_possible", {}),
             "refused": state.get("refused", []),
-            "placed": sorted(self.placed),
-            "registered": {str(k): v[1] for k, v in self.registered.items()},
-            "verify": self.last_verify,
-            "verified_at": self.last_verify_at,
-            "notes": self.setup_notes + SEARCHES.notes(),
+            "placed": sorted(self.k.placed),
+            "registered": {str(k): v[1] for k, v in self.k.registered.items()},
+            "verify": self.k.last_verify,
+            "verified_at": self.k.last_verify_at,
+            "notes": self.k.setup_notes + SEARCHES.notes(),
             # Placed processes that bind themselves (daemon/selfbind.py), and the plan's
             # warnings for matched processes that will (tuners/selfbind.py).
-            "self_binding": [sb.to_json() for sb in self.binds.found.values()],
-            "binding_warnings": list(self.binding_warnings.values()),
+            "self_binding": [sb.to_json() for sb in self.k.binds.found.values()],
+            "binding_warnings": list(self.k.binding_warnings.values()),
         }  # fmt: skip
 
 

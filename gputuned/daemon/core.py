@@ -7,14 +7,17 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gputuned import errors
 from gputuned.daemon import placing
 from gputuned.daemon.access import metrics_allowed
-from gputuned.daemon.control import ControlHandlers, _pid
+from gputuned.daemon.control import Requests, _pid
 from gputuned.daemon.inplace import replan_if_moved
+from gputuned.daemon.keeper import Keeper
 from gputuned.engine.apply import forget_process, revert_all
 from gputuned.engine.journal import Journal
+from gputuned.kernel import Kernel
 from gputuned.kernel.live import set_own_realtime
 from gputuned.profile.model import Profile
 from gputuned.profile.tables.daemon import Config as DaemonConfig
@@ -30,8 +33,20 @@ log = logging.getLogger("gputuned")
 THREADS_A_TURN = 256
 
 
-class Daemon(ControlHandlers):
-    """``gputuned``: start, run the loop until SIGTERM, stop (and revert)."""
+class Daemon(Keeper):
+    """``gputuned``: start, run the loop until SIGTERM, stop (and revert). What it keeps is
+    the keeper's (daemon/keeper.py); the control requests are answered by its ``requests``
+    (daemon/control.py), which the control socket and the metrics port are given."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        *,
+        profile_path: Path | None = None,
+        metrics_address: str | None = None,
+    ) -> None:
+        super().__init__(kernel, profile_path=profile_path, metrics_address=metrics_address)
+        self.requests = Requests(self)
 
     def start(self) -> None:
         """Set up everything, then apply: the lock, journal and profile, the control socket,
@@ -56,10 +71,10 @@ class Daemon(ControlHandlers):
             self._set_up()
             self._adopt_or_replay()
             if self.profile is not None:
-                self._apply_full("start")
+                self.apply_full("start")
             else:
                 self.status = "idle: no profile applied yet (gputunectl apply PROFILE)"
-            self._schedule()
+            self.schedule()
         except BaseException as exc:
             self._abort_start(exc)
             raise
@@ -72,7 +87,7 @@ class Daemon(ControlHandlers):
         writes a setting, and anything that cannot be set up stops the start before any does."""
         cfg = self.profile.daemon if self.profile is not None else DaemonConfig()
         self.control = ControlServer(
-            self.kernel, self._handle, group=cfg.control_group, admin_group=cfg.admin_group
+            self.kernel, self.requests.handle, group=cfg.control_group, admin_group=cfg.admin_group
         )
         self.control.attach(self.loop)
         if cfg.metrics_port is not None:
@@ -108,7 +123,7 @@ class Daemon(ControlHandlers):
 
         try:
             self.metrics = MetricsServer(
-                lambda: daemon_metrics(self.kernel, self._status()),
+                lambda: daemon_metrics(self.kernel, self.requests.status()),
                 port=cfg.metrics_port or 0,
                 address=self.metrics_address or cfg.metrics_address,
                 allowed=metrics_allowed(cfg.metrics_allow),
@@ -152,12 +167,12 @@ class Daemon(ControlHandlers):
             timeout = min(self._next.values(), default=now() + 1.0) - now()
             if self.watcher is not None and self.watcher.fileno() < 0:
                 timeout = min(timeout, self.watcher.timeout or 1.0)
-            if (self.control is not None and self.control.pending()) or self._threads:
+            if (self.control is not None and self.control.pending()) or self.new_threads:
                 timeout = 0.0  # requests and new threads wait for their turn: no sleep
             self.loop.run_once(min(timeout, 1.0))
             if self.watcher is not None and self.watcher.fileno() < 0:
                 self._guard("process scan", self._on_proc_events)
-            if self._threads:
+            if self.new_threads:
                 self._guard("new threads", self._place_threads)
             if self.control is not None:
                 self._guard("control requests", self.control.serve)
@@ -232,8 +247,8 @@ class Daemon(ControlHandlers):
             replan_if_moved(self)  # the last of a unit's server processes ended
         if new:
             for pid in new:
-                self._threads.pop(pid, None)  # placed whole now
-            self._place(sorted(set(new)), "new process")
+                self.new_threads.pop(pid, None)  # placed whole now
+            self.place(sorted(set(new)), "new process")
 
     def _read_proc_events(self, new: list[int], ended: list[str]) -> None:
         assert self.watcher is not None
@@ -243,7 +258,7 @@ class Daemon(ControlHandlers):
                     "daemon: process events were lost (receive buffer overflow); rescanning"
                 )
                 if self.profile is not None:
-                    self._reapply("rescan")
+                    self.reapply("rescan")
                 return
             if ev.kind in ("exec", "fork", "comm"):
                 # A fork: a new process, maybe a child of a claimed one (its parent's claim
@@ -254,7 +269,7 @@ class Daemon(ControlHandlers):
                 # A thread: placed like its process, that thread alone (issue 14, finding 6:
                 # re-reading every thread at each new one made a thread storm quadratic),
                 # a few hundred a turn of the loop (_place_threads).
-                self._threads.setdefault(ev.pid, set()).add(ev.tid)
+                self.new_threads.setdefault(ev.pid, set()).add(ev.tid)
             elif ev.kind == "exit" and ev.pid == ev.tid and placing.forget(self, ev.pid):
                 n = forget_process(self.kernel, ev.pid, self.journal)
                 log.info("daemon: pid %d exited; forgot %d journal entries", ev.pid, n)
@@ -269,18 +284,18 @@ class Daemon(ControlHandlers):
         status behind them (new processes and requests are served between turns)."""
         take: dict[int, set[int]] = {}
         n = 0
-        for pid in list(self._threads):
-            tids = self._threads[pid]
+        for pid in list(self.new_threads):
+            tids = self.new_threads[pid]
             while tids and n < THREADS_A_TURN:
                 take.setdefault(pid, set()).add(tids.pop())
                 n += 1
             if not tids:
-                del self._threads[pid]
+                del self.new_threads[pid]
             if n >= THREADS_A_TURN:
                 break
         take = {pid: t for pid, t in take.items() if pid in self.claims}
         if take:
-            self._place(sorted(take), "new thread", threads=take)
+            self.place(sorted(take), "new thread", threads=take)
 
     def _on_udev(self) -> None:
         assert self.udev is not None
@@ -290,7 +305,7 @@ class Daemon(ControlHandlers):
             log.info(
                 "daemon: PCI %s; re-planning", ", ".join(f"{e.action} {e.bdf}" for e in events)
             )
-            self._reapply("udev")
+            self.reapply("udev")
 
     def _on_hup(self, _sig: int) -> None:
         """Re-read the profile (see :meth:`_load_profile`) and apply the difference. Whatever
@@ -306,7 +321,7 @@ class Daemon(ControlHandlers):
         self.counters["reloads"] += 1
         if self.profile is not None:
             try:
-                self._apply_full("reload")
+                self.apply_full("reload")
             except Exception as exc:
                 self.counters["reloads"] -= 1
                 self._reload_failed(exc, old)

@@ -20,7 +20,7 @@ def replan_if_moved(k: DaemonState) -> bool:
     full, and say so: the placeholder lets its CPUs go to the unit's cgroup, or takes back
     what a stopped unit's cgroup gave back."""
     ctx = k.ctx
-    if ctx is None or k._replanning or not inplace.applies(ctx):
+    if ctx is None or k.replanning or not inplace.applies(ctx):
         return False
     have = inplace.decision(ctx).place
     want = inplace.decide(ctx, k.claims).place
@@ -31,11 +31,11 @@ def replan_if_moved(k: DaemonState) -> bool:
         have.cgroup if have else "gputuned's own cgroup",
         want.cgroup if want else "gputuned's own cgroup",
     )
-    k._replanning = True
+    k.replanning = True
     try:
-        k._reapply("partition in place")
+        k.reapply("partition in place")
     finally:
-        k._replanning = False
+        k.replanning = False
     return True
 
 

@@ -46,9 +46,9 @@ log = logging.getLogger("gputuned")
 
 
 class Keeper:
-    """The daemon's state and its upkeep; :class:`~gputuned.daemon.control.ControlHandlers`
-    answers control requests on top of it, and :class:`~gputuned.daemon.core.Daemon` adds
-    the life cycle and the event sources."""
+    """The daemon's state and its upkeep; :class:`~gputuned.daemon.core.Daemon` adds the life
+    cycle and the event sources, and its :class:`~gputuned.daemon.control.Requests` answers
+    control requests on this state."""
 
     def __init__(
         self,
@@ -69,12 +69,11 @@ class Keeper:
         self.reload_path: str | None = None
         #: What could not be set up at start without stopping it (metrics), for status.
         self.setup_notes: list[str] = []
-        self._verify_cache: tuple[float, bool, dict[str, Any]] | None = None
         self.ctx: PlanContext | None = None
         self._settings: list[Change] = []  # applied last, re-read by the drift check
-        self._by_key: dict[str, Change] = {}
+        self.by_key: dict[str, Change] = {}
         # New threads of placed processes not placed yet: pid -> TIDs (see _place_threads).
-        self._threads: dict[int, set[int]] = {}
+        self.new_threads: dict[int, set[int]] = {}
         self._drift_ticks = 0
         self.claims: dict[int, Claim] = {}  # processes the rules claim: placed or left out
         self.registered: dict[int, tuple[int, str]] = {}  # pid -> (start time, rule name)
@@ -101,7 +100,7 @@ class Keeper:
         self.metrics: MetricsServer | None = None
         self.last_verify_at: float | None = None
         self._next: dict[str, float] = {}
-        self._replanning = False  # a full apply for the partition in place is under way
+        self.replanning = False  # a full apply for the partition in place is under way
         self.inplace_said: str | None = None  # the plan's line on it, logged last
 
     @property
@@ -111,7 +110,7 @@ class Keeper:
     @settings.setter
     def settings(self, value: list[Change]) -> None:
         self._settings = value
-        self._by_key = {c.key: c for c in value}
+        self.by_key = {c.key: c for c in value}
 
     def _adopt_or_replay(self) -> None:
         journal = self.journal
@@ -154,7 +153,7 @@ class Keeper:
                 return profile, src
         return parse_profile(active["profile"], ACTIVE), src
 
-    def _apply_full(self, why: str) -> ApplyReport:
+    def apply_full(self, why: str) -> ApplyReport:
         assert self.profile is not None
         if why in ("start", "reload", "apply"):
             SEARCHES.reset()  # a pattern suspended for its CPU budget gets a new chance
@@ -198,12 +197,12 @@ class Keeper:
         self._keep_alive()
         return report
 
-    def _reapply(self, why: str) -> ApplyReport | None:
-        """``_apply_full`` for the daemon's own triggers (drift, udev, NVML, rescan): a profile
+    def reapply(self, why: str) -> ApplyReport | None:
+        """``apply_full`` for the daemon's own triggers (drift, udev, NVML, rescan): a profile
         that cannot be planned now (a CPU set gone empty, a neighbour's partition taking its
         CPUs) leaves what is applied in place and the daemon running, degraded."""
         try:
-            return self._apply_full(why)
+            return self.apply_full(why)
         except errors.GputunedError as exc:
             log.error("daemon: %s: %s; keeping what is applied", why, exc)
             self.status = f"degraded: {why}: {exc}"
@@ -233,7 +232,7 @@ class Keeper:
         """Processes placed by a rule (matched or descendants): pid -> start time."""
         return {pid: c.start for pid, c in self.claims.items() if c.role != "excluded"}
 
-    def _place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
+    def place(self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None) -> None:
         """Plan and apply ``pids`` (``threads``: only these new threads of each): every
         placement comes through here, into daemon/placing.py."""
         placing.place(self, pids, why, threads)
@@ -280,7 +279,7 @@ class Keeper:
             self._verify()  # status, metrics: its CPUs are "left to the process" from now on
         return read, {pid for pid in undone if pid not in self.binds.self_bound()}
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         t = now()
         wd = watchdog_interval()
         if wd:
@@ -322,13 +321,13 @@ class Keeper:
             # and every 10th tick to catch what no event announced.
             read, undone = self._check_self_binding()
             if undone or self._drifted(skip=read) or self._drift_ticks >= 10:
-                report = self._reapply("drift repair")
+                report = self.reapply("drift repair")
                 if report is not None:
                     self.counters["repairs"] += len(report.written)
                     self.notify.send(f"STATUS={self.status}")
             self._next["drift"] = t + self.profile.daemon.drift_interval_s
         if self._next.get("nvml", float("inf")) <= t:
-            self._reapply("nvml")
+            self.reapply("nvml")
             self._next["nvml"] = t + self.profile.daemon.nvml_interval_s
         if self._next.get("gpuscan", float("inf")) <= t:
             placing.gpu_scan(self)

@@ -3,7 +3,7 @@ threads of a placed one, against the last full plan; keep their settings for the
 forget a process or thread that ends; and place the ``by_gpu`` trees again when their GPU use
 changes. Each function takes the daemon's state (the Keeper, as
 :class:`~gputuned.daemon.state.DaemonState` describes it); every placement goes through its
-``_place``. See :mod:`gputuned.daemon`."""
+``place``. See :mod:`gputuned.daemon`."""
 
 from __future__ import annotations
 
@@ -52,11 +52,11 @@ def place(k: DaemonState, pids: list[int], why: str, threads: dict[int, set[int]
     report = ApplyReport()
     assert k.journal is not None
     apply_settings(k.kernel, k.journal, settings, report, keep_going=True, batch=True)
-    if report.not_possible:  # a limit of this machine is not drift (as Keeper._apply_full)
+    if report.not_possible:  # a limit of this machine is not drift (as Keeper.apply_full)
         k.settings = [c for c in k.settings if c.key not in report.not_possible]
     capped = capped_servers(k.kernel, k.settings, settings)
     if capped:  # it started in a cgroup [neighbours] caps: plan the neighbours again
-        k._reapply(f"placed process(es) {capped} run in a cgroup [neighbours] caps")
+        k.reapply(f"placed process(es) {capped} run in a cgroup [neighbours] caps")
     if report.written:
         k.counters["placements"] += 1
         log.info(
@@ -84,7 +84,7 @@ def _keep(k: DaemonState, settings: list[Change], *, merge: bool = False) -> Non
 def _merged(k: DaemonState, ch: Change) -> bool:
     """Add the threads of ``ch`` to the same setting of their process (in place: a new
     thread costs the daemon its own values, not a copy of all the others)."""
-    have = k._by_key.get(ch.key)
+    have = k.by_key.get(ch.key)
     if have is None or ch.kind != "thread":
         return False
     for key in ("threads", "old", "origin"):
@@ -104,11 +104,11 @@ def forget_thread(k: DaemonState, pid: int, tid: int) -> list[str]:
     every thread there ever was (issue 14, finding 6); compaction keeps the file within
     twice that plus 256 lines (Journal.compact_if_grown)."""
     start = k.claims[pid].start
-    k._threads.get(pid, set()).discard(tid)
+    k.new_threads.get(pid, set()).discard(tid)
     keys = []
     for attr in ("nice", "policy", "affinity"):  # the per-thread settings
         keys.append(f"thread:{pid}:{start}:{tid}:{attr}")
-        ch = k._by_key.get(f"thread:{pid}:{start}:{attr}")
+        ch = k.by_key.get(f"thread:{pid}:{start}:{attr}")
         if ch is not None:
             for key in ("threads", "old", "origin"):
                 ch.data.get(key, {}).pop(tid, None)
@@ -132,7 +132,7 @@ def forget(k: DaemonState, pid: int) -> bool:
 def drop(k: DaemonState, pid: int) -> bool:
     """Stop placing ``pid`` (gone, or unregistered): its claim and settings go."""
     k.held.pop(pid, None)
-    k._threads.pop(pid, None)
+    k.new_threads.pop(pid, None)
     k.binds.forget(pid)
     k.binding_warnings.pop(pid, None)
     if k.claims.pop(pid, None) is None:
@@ -172,7 +172,7 @@ def settle_gpu_use(k: DaemonState) -> None:
     rules = {r.name for r in k.profile.process if r.by_gpu}
     mine = sorted(pid for pid, c in k.claims.items() if c.rule in rules)
     if mine:
-        k._place(mine, "GPU use at apply")
+        k.place(mine, "GPU use at apply")
 
 
 def gpu_scan(k: DaemonState) -> None:
@@ -205,4 +205,4 @@ def gpu_scan(k: DaemonState) -> None:
             sorted(use.of(pid)) or "none",
             sorted(before[pid]) or "none",
         )
-    k._place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")
+    k.place(sorted(p for p in mine if roots.get(p, p) in trees), "GPU use changed")

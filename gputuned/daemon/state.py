@@ -29,9 +29,9 @@ class DaemonState(Protocol):
     binds: BindWatch
     counters: dict[str, int]
     inplace_said: str | None
-    _replanning: bool
-    _by_key: dict[str, Change]
-    _threads: dict[int, set[int]]
+    replanning: bool
+    by_key: dict[str, Change]
+    new_threads: dict[int, set[int]]
 
     @property
     def settings(self) -> list[Change]: ...
@@ -39,8 +39,8 @@ class DaemonState(Protocol):
     @settings.setter
     def settings(self, value: list[Change]) -> None: ...
 
-    def _place(
+    def place(
         self, pids: list[int], why: str, threads: dict[int, set[int]] | None = None
     ) -> None: ...
 
-    def _reapply(self, why: str) -> ApplyReport | None: ...
+    def reapply(self, why: str) -> ApplyReport | None: ...

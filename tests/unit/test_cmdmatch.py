@@ -232,7 +232,7 @@ def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
     d = Daemon(tree_kernel(root), profile_path=prof)
     d.start()
     try:
-        notes = d._handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]
+        notes = d.requests.handle({"cmd": "status"}, PeerCred(1, 0, 0))["notes"]
         assert any("suspended for that process until the profile is applied" in n for n in notes)
         assert 6300 not in d.placed
         remove_process(root, 6300)
@@ -240,10 +240,10 @@ def test_the_daemon_says_which_pattern_is_suspended_until_the_next_apply(
             root, 6301, comm="python3", cmdline=[AMBIGUOUS_LINE], exe="/usr/bin/python3.11",
             start_time=64, uid=SERVER_UID,
         )  # fmt: skip
-        d._reapply("udev")  # the daemon's own re-plan: a new process is searched (and stopped)
+        d.reapply("udev")  # the daemon's own re-plan: a new process is searched (and stopped)
         assert ["pid 6300" in n for n in SEARCHES.notes()] == [True, False]
         assert "pid 6301" in SEARCHES.notes()[1]
-        d._apply_full("reload")  # applied again: suspensions forgotten; 6301 searched again
+        d.apply_full("reload")  # applied again: suspensions forgotten; 6301 searched again
         (note,) = SEARCHES.notes()
         assert "pid 6301" in note
     finally:

@@ -593,9 +593,9 @@ def test_a_member_may_read_but_not_change(host: FaultKernel, real: Path) -> None
 
 
 def test_the_daemon_answers_every_command_and_no_other() -> None:
-    from gputuned.daemon.control import ControlHandlers
+    from gputuned.daemon.control import Requests
 
-    handlers = {m.removeprefix("_cmd_") for m in dir(ControlHandlers) if m.startswith("_cmd_")}
+    handlers = {m.removeprefix("_cmd_") for m in dir(Requests) if m.startswith("_cmd_")}
     assert handlers == {c.name for c in COMMANDS}
 
 

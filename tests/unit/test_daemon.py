@@ -188,15 +188,15 @@ def test_control_commands(tmp_path: Path, events: Events) -> None:
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     peer = PeerCred(1, 0, 0)
-    status: dict[str, Any] = d._handle({"cmd": "status"}, peer)
+    status: dict[str, Any] = d.requests.handle({"cmd": "status"}, peer)
     assert status["active_profile"] == "shared-host" and status["daemon"]["watcher"] == "polling"
-    ver = d._handle({"cmd": "verify"}, peer)
+    ver = d.requests.handle({"cmd": "verify"}, peer)
     assert ver["exit_code"] == 0
     with pytest.raises(Exception, match="unknown command 'frobnicate'"):
-        d._handle({"cmd": "frobnicate"}, peer)
-    rev = d._handle({"cmd": "revert"}, peer)
+        d.requests.handle({"cmd": "frobnicate"}, peer)
+    rev = d.requests.handle({"cmd": "revert"}, peer)
     assert rev["failed"] == [] and d.profile is None
-    again = d._handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, peer)
+    again = d.requests.handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, peer)
     assert again["failed"] == [] and again["written"]
     d.stop()
     json.dumps(status)
@@ -392,7 +392,7 @@ def test_the_daemon_journal_is_compacted_as_processes_come_and_go(
     for n in range(60):
         pid = 7000 + n
         _server(root, pid, [])
-        d._place([pid], "test")
+        d.place([pid], "test")
         assert pid in d.placed
         shutil.rmtree(root / f"proc/{pid}")
         d.watcher.read = lambda pid=pid: [ProcEvent("exit", pid, pid)]  # type: ignore[method-assign]
@@ -434,7 +434,7 @@ def test_a_profile_that_cannot_be_planned_later_leaves_the_daemon_running(
         d.loop.run_once(1.0)
         assert d.profile is not None and d.profile.name == "shared-host"
         with pytest.raises(errors.PlanError):
-            d._handle({"cmd": "apply", "profile": sent(prof)}, PeerCred(1, 0, 0))
+            d.requests.handle({"cmd": "apply", "profile": sent(prof)}, PeerCred(1, 0, 0))
         assert d.profile is not None and d.source == str(prof.absolute())
         assert d.running
     d.stop()
@@ -575,7 +575,7 @@ def test_the_watchdog_is_pinged_when_due_after_a_long_apply(
     monkeypatch.setattr(keeper, "apply_profile", slow_apply)
     from gputuned.service.control import PeerCred
 
-    d._handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, PeerCred(1, 0, 0))
+    d.requests.handle({"cmd": "apply", "profile": sent(profile_file(tmp_path))}, PeerCred(1, 0, 0))
     assert pings() == 1, "the apply itself pings once the ping is due (15 s), at 31 s"
     clock[0] = 40.0
     d._timers()

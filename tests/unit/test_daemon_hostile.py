@@ -66,7 +66,7 @@ def test_metrics_port_in_a_sandbox_without_ip_does_not_end_the_daemon(
     )
     d.start()
     assert d.metrics is None and d.control is not None
-    status = d._handle({"cmd": "status"}, ROOT_PEER)
+    status = d.requests.handle({"cmd": "status"}, ROOT_PEER)
     assert any("metrics off" in n and "EAFNOSUPPORT" in n for n in status["notes"]), status
     from gputuned.cli.render import render_status
 
@@ -227,7 +227,7 @@ def test_apply_by_path_is_refused_without_reading_the_file(tmp_path: Path, event
     secret.write_text('name = "x"\n[irq]\nspread = "SECRET-1234"\n')
     secret.chmod(0o600)
     with pytest.raises(errors.GputunedError) as exc:
-        d._handle({"cmd": "apply", "profile": str(secret)}, ROOT_PEER)
+        d.requests.handle({"cmd": "apply", "profile": str(secret)}, ROOT_PEER)
     assert "opens no file a client names" in str(exc.value)
     assert "SECRET" not in str(exc.value)
     assert d.profile is not None and d.profile.name == "shared-host"
@@ -256,7 +256,7 @@ def test_request_fields_are_checked(
     d.start()
     applied = digest(root)
     with pytest.raises(errors.GputunedError, match=re.escape(message)):
-        d._handle(req, ROOT_PEER)
+        d.requests.handle(req, ROOT_PEER)
     assert digest(root) == applied and d.profile is not None and d.profile.name == "shared-host"
     d.stop()
 
@@ -270,7 +270,9 @@ def test_a_profile_sent_over_the_socket_is_reloaded_from_its_copy(
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path, count=4))
     d.start()
     other = profile_file(tmp_path, count=6)
-    resp = d._handle({"cmd": "apply", "profile": sent(other), "source": str(other)}, ROOT_PEER)
+    resp = d.requests.handle(
+        {"cmd": "apply", "profile": sent(other), "source": str(other)}, ROOT_PEER
+    )
     assert resp["failed"] == []
     cpus = root / "sys/fs/cgroup/gputuned.inference/cpuset.cpus"
     assert cpus.read_text() == "1-6\n"
@@ -305,9 +307,9 @@ def test_a_members_requests_log_a_bounded_number_of_lines(
     with caplog.at_level(logging.INFO, logger="gputuned"):
         for i in range(200):
             with pytest.raises(errors.GputunedError):
-                d._handle({"cmd": f"statusX\n<0>forged {i}"}, member)
+                d.requests.handle({"cmd": f"statusX\n<0>forged {i}"}, member)
         for _ in range(100):
-            d._handle({"cmd": "status"}, member)
+            d.requests.handle({"cmd": "status"}, member)
     assert "forged" not in caplog.text
     assert caplog.text.count("daemon: control: status from pid 4242") == 20
     d.stop()

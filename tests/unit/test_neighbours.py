@@ -474,7 +474,7 @@ def test_a_server_that_starts_later_in_a_capped_cgroup_is_uncapped_by_the_daemon
         cgroup="/user.slice/user-1000.slice/session-7.scope",
         uid=1000,
     )
-    d._place([9090], "test")
+    d.place([9090], "test")
     assert 9090 in d.placed
     assert (cg / "user.slice/cpu.max").read_text() == "max 100000\n"  # the cap is lifted
     assert "/user.slice cpu.max" not in {c.target for c in d.settings}

@@ -74,7 +74,7 @@ def stop(d: Daemon) -> None:
 
 def status(d: Daemon) -> dict[str, Any]:
     """What `gputunectl status` gets over the control socket."""
-    return d._handle({"cmd": "status"}, ROOT)
+    return d.requests.handle({"cmd": "status"}, ROOT)
 
 
 def drift_check(d: Daemon) -> None:
@@ -387,9 +387,9 @@ def test_unregistering_stops_the_drift_check_holding_the_process(
     not see it as drifted (nor re-plans the host because of it)."""
     d, root = daemon
     python(root, OTHER, ["python3", "serve.py"], start=600, cgroup=HOME)
-    d._handle({"cmd": "register", "pid": OTHER, "start": 600}, ROOT)
+    d.requests.handle({"cmd": "register", "pid": OTHER, "start": 600}, ROOT)
     assert state(root, OTHER) == PLACED
-    d._handle({"cmd": "unregister", "pid": OTHER, "start": 600}, ROOT)
+    d.requests.handle({"cmd": "unregister", "pid": OTHER, "start": 600}, ROOT)
     assert state(root, OTHER) == UNTUNED
     with caplog.at_level(logging.INFO, logger="gputuned"):
         drift_check(d)
@@ -436,7 +436,7 @@ def test_a_thread_that_ends_before_its_turn_is_not_looked_for(
     d.watcher.read = lambda: [ProcEvent("thread", API, tid, 1), ProcEvent("exit", API, tid)]  # type: ignore[method-assign]
     read = reads(monkeypatch)
     d._on_proc_events()
-    while d._threads:
+    while d.new_threads:
         d._place_threads()
     assert not [p for p in read if f"/task/{tid}" in p]
     stop(d)
@@ -503,7 +503,7 @@ def test_a_registration_lasts_through_full_applies_and_ends_with_its_process(
     process that reuses its PID is not placed with its settings."""
     d, root = daemon
     python(root, OTHER, ["python3", "serve.py"], start=600, cgroup=HOME)
-    d._handle({"cmd": "register", "pid": OTHER, "start": 600, "rule": "server"}, ROOT)
+    d.requests.handle({"cmd": "register", "pid": OTHER, "start": 600, "rule": "server"}, ROOT)
     feed(d, ProcEvent("overflow", 0, 0))
     assert status(d)["registered"] == {str(OTHER): "server"}
     assert OTHER in status(d)["placed"] and state(root, OTHER) == PLACED

@@ -165,7 +165,7 @@ def feed(d: Daemon, *events: ProcEvent) -> None:
     assert d.watcher is not None
     d.watcher.read = lambda: list(events)  # type: ignore[method-assign]
     d._on_proc_events()
-    while d._threads:  # new threads: a few hundred a turn of the loop
+    while d.new_threads:  # new threads: a few hundred a turn of the loop
         d._place_threads()
 
 
@@ -551,7 +551,7 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
     ]
     for req, msg in bad:
         with pytest.raises(errors.GputunedError, match=msg):
-            d._handle({"cmd": "register", **req}, peer)
+            d.requests.handle({"cmd": "register", **req}, peer)
     assert d.registered == {} and journaled_pids(root) == set()
     # gputuned itself
     from gputuned.daemon import control as daemon_mod
@@ -560,10 +560,10 @@ def test_register_takes_pid_and_start_and_refuses_the_rest(daemon: tuple[Daemon,
     daemon_mod._pid = lambda: 6000  # type: ignore[assignment]
     try:
         with pytest.raises(errors.GputunedError, match="gputuned itself"):
-            d._handle({"cmd": "register", "pid": 6000, "start": 600}, peer)
+            d.requests.handle({"cmd": "register", "pid": 6000, "start": 600}, peer)
     finally:
         daemon_mod._pid = real  # type: ignore[assignment]
-    resp = d._handle({"cmd": "register", "pid": 6000, "start": 600, "rule": "server"}, peer)
+    resp = d.requests.handle({"cmd": "register", "pid": 6000, "start": 600, "rule": "server"}, peer)
     assert resp["placed"] and d.registered == {6000: (600, "server")}
     # Its children follow it.
     child(root, 6010, 6000, inherited=True)
@@ -584,10 +584,10 @@ def test_unregister_puts_the_whole_tree_back(daemon: tuple[Daemon, Path]) -> Non
     d.start()
     peer = PeerCred(1, 0, 0)
     python(root, 6000, ["python3", "serve.py"], start=600, cgroup=HOME)
-    d._handle({"cmd": "register", "pid": 6000, "start": 600}, peer)
+    d.requests.handle({"cmd": "register", "pid": 6000, "start": 600}, peer)
     child(root, 6010, 6000, inherited=True)
     feed(d, ProcEvent("fork", 6010, 6010, 6000))
-    rep = d._handle({"cmd": "unregister", "pid": 6000, "start": 600}, peer)
+    rep = d.requests.handle({"cmd": "unregister", "pid": 6000, "start": 600}, peer)
     assert rep["failed"] == []
     assert state(root, 6000) == UNTUNED and state(root, 6010) == UNTUNED
     assert journaled_pids(root) == set()

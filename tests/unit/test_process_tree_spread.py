@@ -270,7 +270,7 @@ def test_the_daemon_spreads_a_tree_that_arrives_one_process_at_a_time(tmp_path: 
     # The full plans the daemon makes (drift repair, every 10th tick) and verify agree.
     plan = plan_profile(tree_kernel(root), d.profile)  # type: ignore[arg-type]
     assert [c.target for c in plan.changes if c.tuner == "process"] == []
-    report = d._reapply("drift repair")
+    report = d.reapply("drift repair")
     assert report is not None and report.written == []
     assert d.last_verify["drifted"] == 0
     assert d.stop() == 0

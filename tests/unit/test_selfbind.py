@@ -79,7 +79,7 @@ def test_two_resets_in_a_row_back_off_and_every_report_says_so(
         bind_itself(root)
         drift_check(d)
         assert cpus_of(root) == {INFERENCE}, "the first reset is repaired"
-        assert d._status()["self_binding"] == []
+        assert d.requests.status()["self_binding"] == []
         bind_itself(root)
         drift_check(d)  # undone again right after gputuned's repair: it binds itself
         assert cpus_of(root) == {MINE}, "the second reset is left to the process"
@@ -90,14 +90,14 @@ def test_two_resets_in_a_row_back_off_and_every_report_says_so(
     found = [r for r in caplog.records if "set its own CPUs back twice" in r.getMessage()]
     assert len(found) == 1, "one log line per back-off, not one per drift check"
     assert 'self_binding = "respect"' in found[0].getMessage()
-    status = d._status()
+    status = d.requests.status()
     (sb,) = status["self_binding"]
     assert (sb["pid"], sb["rule"], sb["mode"], sb["cpus"], sb["wanted"]) == (
         API, "server", "respect", "2-3", "1-4",
     )  # fmt: skip
     assert status["daemon"]["self_binding"] == 1
     # verify: the process's CPUs are "left to the process", which fails nothing.
-    rep = d._handle({"cmd": "verify"}, ROOT_PEER)
+    rep = d.requests.handle({"cmd": "verify"}, ROOT_PEER)
     mine = [ln for ln in rep["settings"] if ln["status"] == SELF_BOUND]
     assert len(mine) == 1 and f"pid {API} CPUs" in mine[0]["target"], mine
     assert rep["counts"]["drifted"] == 0 and rep["exit_code"] == 0, rep["counts"]
@@ -105,7 +105,7 @@ def test_two_resets_in_a_row_back_off_and_every_report_says_so(
     assert only.exit_code == 0, "--strict does not fail it either"
     # The daemon's own verify (status, metrics) agrees.
     assert d.last_verify[SELF_BOUND] == 1 and d.last_verify["drifted"] == 0
-    text = daemon_metrics(d.kernel, d._status(), nvml=False)
+    text = daemon_metrics(d.kernel, d.requests.status(), nvml=False)
     assert 'gputuned_self_binding_processes{mode="respect"} 1' in text
     assert "gputuned_self_binding_total 1" in text
     assert 'gputuned_settings{profile="shared-host",status="left to the process"} 1' in text
@@ -117,14 +117,14 @@ def test_nice_is_still_applied_and_stop_leaves_its_own_cpus(tmp_path: Path) -> N
     for _ in range(2):
         bind_itself(root)
         drift_check(d)
-    assert d._status()["self_binding"], "backed off"
+    assert d.requests.status()["self_binding"], "backed off"
     k = tree_kernel(root)
     k.set_nice(API + 1, 0)  # someone renices a thread: that is still gputuned's to repair
     drift_check(d)
     assert state(root, API) == (PART, {-10}, {MINE})
-    d._place([API], "new process")  # a rename or exec re-plans it: still not its CPUs
+    d.place([API], "new process")  # a rename or exec re-plans it: still not its CPUs
     assert cpus_of(root) == {MINE}
-    assert d._status()["placed"] == [API]
+    assert d.requests.status()["placed"] == [API]
     assert d.stop() == 0
     # Revert: back in its cgroup at nice 0, with the CPUs it chose (its originals were dropped).
     assert state(root, API) == (HOME, {0}, {MINE})
@@ -139,7 +139,7 @@ def test_one_reset_only_is_repaired_and_the_count_starts_again(tmp_path: Path) -
     bind_itself(root)  # a second reset, but not right after a repair: a person's taskset
     drift_check(d)
     assert cpus_of(root) == {INFERENCE}
-    assert d._status()["self_binding"] == []
+    assert d.requests.status()["self_binding"] == []
     assert d.counters["self_binding"] == 0
     d.stop()
     assert state(root, API) == (HOME, {0}, {ALL})
@@ -154,13 +154,13 @@ def test_override_keeps_repairing_and_reports_it(
             bind_itself(root)
             drift_check(d)
             assert cpus_of(root) == {INFERENCE}, "override: repaired every time"
-    (sb,) = d._status()["self_binding"]
+    (sb,) = d.requests.status()["self_binding"]
     assert sb["mode"] == "override"
     found = [r for r in caplog.records if "set its own CPUs back twice" in r.getMessage()]
     assert len(found) == 1 and "repairing on" in found[0].getMessage()
-    rep = d._handle({"cmd": "verify"}, ROOT_PEER)
+    rep = d.requests.handle({"cmd": "verify"}, ROOT_PEER)
     assert rep["counts"][SELF_BOUND] == 0, "override: its CPUs are verified as any setting"
-    text = daemon_metrics(d.kernel, d._status(), nvml=False)
+    text = daemon_metrics(d.kernel, d.requests.status(), nvml=False)
     assert 'gputuned_self_binding_processes{mode="override"} 1' in text
     d.stop()
     assert state(root, API) == (HOME, {0}, {ALL})
@@ -179,7 +179,7 @@ def test_a_reload_to_override_ends_the_back_off(tmp_path: Path) -> None:
         )
     )
     d._on_hup(1)
-    assert d._status()["self_binding"] == []
+    assert d.requests.status()["self_binding"] == []
     assert cpus_of(root) == {INFERENCE}, "placed again by the rule"
     d.stop()
 
@@ -191,7 +191,7 @@ def test_status_renders_the_back_off(tmp_path: Path, capsys: pytest.CaptureFixtu
     for _ in range(2):
         bind_itself(root)
         drift_check(d)
-    render_status(d._status())
+    render_status(d.requests.status())
     out = " ".join(capsys.readouterr().out.split())
     assert f"pid {API} (rule server) set its own CPUs back twice (now 2-3, gputuned's 1-4)" in out
     assert 'left to the process (self_binding = "respect")' in out
@@ -288,7 +288,7 @@ def test_status_repeats_the_plan_warning_for_a_placed_engine(tmp_path: Path) -> 
     api(root, argv=["python3", "-m", "vllm.entrypoints.openai.api_server", "--numa-bind"])
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
-    (warning,) = d._status()["binding_warnings"]
+    (warning,) = d.requests.status()["binding_warnings"]
     assert warning.startswith(f"process[server]: pid {API} (python3) will bind its own CPUs")
     d.stop()
 

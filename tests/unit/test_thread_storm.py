@@ -136,12 +136,12 @@ def test_a_thread_storm_does_not_hold_up_a_new_process(daemon: tuple[Daemon, Pat
     d.watcher.read = lambda: events  # type: ignore[method-assign]
     d._on_proc_events()
     assert state(root, CORE) == PLACED  # placed at once, though after the storm's events
-    assert sum(map(len, d._threads.values())) == len(storm)
+    assert sum(map(len, d.new_threads.values())) == len(storm)
     d._place_threads()
-    assert sum(map(len, d._threads.values())) == len(storm) - THREADS_A_TURN
+    assert sum(map(len, d.new_threads.values())) == len(storm) - THREADS_A_TURN
     remove_thread(root, API, storm[-1])  # it ends before its turn
     feed(d, ProcEvent("exit", API, storm[-1]))
-    assert d._threads == {}
+    assert d.new_threads == {}
     keys = api_thread_keys(root)
     assert {f"thread:{API}:1000:{t}:nice" for t in storm[:-1]} <= keys
     assert not any(f":{storm[-1]}:" in k for k in keys)

@@ -225,7 +225,7 @@ def test_trial_through_the_daemon_ends_on_the_profile_it_had(
 
     def request(_kernel: object, msg: dict[str, object]) -> dict[str, object]:
         sent.append(str(msg["cmd"]))
-        return d._handle(msg, PeerCred(1, 0, 0))
+        return d.requests.handle(msg, PeerCred(1, 0, 0))
 
     monkeypatch.setattr(controlclient, "daemon_running", lambda _kernel: True)
     monkeypatch.setattr(controlclient, "request", request)
