@@ -153,8 +153,9 @@ def _check_who(rule: ProcessConfig, at: str) -> Problems:
         f"any local user can start a process this rule matches (exe, comm, cmdline and "
         f"uses_gpu are every user's to choose: a script named vllm.py, exec -a), and it grants "
         f"{', '.join(grants)}; add match.user or match.uid (the account the server runs as), "
-        "match.unit (its systemd system unit) or a match.cgroup outside /user.slice, or set "
-        "any_user = true if every local user may have it"
+        "match.unit (its systemd system unit) or a match.cgroup outside /user.slice and the "
+        "kubelet's kubepods (any tenant's pod is there), or set any_user = true if every local "
+        "user may have it"
     )
     problems.append((f"{at}.match", msg))
     return problems

@@ -491,6 +491,13 @@ def test_a_shipped_profile_on_a_host_without_its_account_is_a_note(tmp_path: Pat
         ({"cmdline": "vllm", "uid": 0}, {"nice": -10}, False),
         ({"unit": "vllm.service"}, {"nice": -10}, False),
         ({"cgroup": "/system.slice"}, {"nice": -10}, False),
+        # The kubelet makes a pod's cgroup for any tenant's pod (issue 30): systemd driver,
+        # cgroupfs driver, and a kubelet with a cgroup root of its own (kind).
+        ({"cgroup": "/kubepods.slice/kubepods-burstable.slice/"}, {"nice": -10}, True),
+        ({"cgroup": "/kubepods/burstable"}, {"cpus": "inference"}, True),
+        ({"cgroup": "/kubepods.slice"}, {"nice": -10}, True),
+        ({"cgroup": "/kubelet.slice/kubelet-kubepods.slice/"}, {"nice": -10}, True),
+        ({"cgroup": "/kubepods.slice/", "uid": 60000}, {"nice": -10}, False),
     ],
 )
 def test_who_may_have_it(match: dict[str, Any], extra: dict[str, Any], refused: bool) -> None:

@@ -89,7 +89,8 @@ Match keys:
 Who may have it: `exe`, `comm`, `cmdline` and `uses_gpu` are every local user's to choose (a
 script named `vllm.py`, `exec -a "python3 vllm"`). A rule that grants a negative nice, a
 real-time policy, CPUs or the partition must also match by `user`, `uid`, `unit` or a `cgroup`
-outside `user.slice`; otherwise `plan` and `apply` refuse it, unless the rule says
+outside `user.slice` and the kubelet's `kubepods` cgroups (the kubelet makes one for every pod,
+whoever made it: docs/fleet.md); otherwise `plan` and `apply` refuse it, unless the rule says
 `any_user = true`.
 
 Threads: the daemon places a new thread of a placed process alone (clone gave it the placed
@@ -388,8 +389,9 @@ class Config(BaseModel):
         default=False,
         description=(
             "Allow a rule that any local user's process could satisfy (no match.user, uid, "
-            "unit or a cgroup outside user.slice) to grant a negative nice, a real-time "
-            "policy, CPUs or the partition. Without it plan and apply refuse such a rule."
+            "unit or a cgroup outside user.slice and kubepods) to grant a negative nice, a "
+            "real-time policy, CPUs or the partition. Without it plan and apply refuse such a "
+            "rule."
         ),
     )
     self_binding: Literal["respect", "override"] = Field(
@@ -427,10 +429,12 @@ def owner_key(match: Match) -> str | None:
     """The key of ``match`` that only the host's administrator can satisfy, or None.
 
     ``user``/``uid``: a process runs as an account only if that account started it (or root).
-    ``unit``: only the system manager creates system units. ``cgroup`` outside ``user.slice``:
-    only root creates cgroups there (users' delegated subtrees are under user.slice). ``exe``,
-    ``comm``, ``cmdline`` and ``uses_gpu`` are every user's to choose: a script named vllm.py,
-    ``exec -a``, a copy of the interpreter.
+    ``unit``: only the system manager creates system units. ``cgroup`` outside ``user.slice``
+    and the kubelet's pods: only root creates cgroups there (users' delegated subtrees are
+    under user.slice; the kubelet makes a cgroup under ``kubepods*`` for every pod of every
+    namespace, whoever made the pod: issue 30). ``exe``, ``comm``, ``cmdline`` and
+    ``uses_gpu`` are every user's to choose: a script named vllm.py, ``exec -a``, a copy of
+    the interpreter.
     """
     if match.user is not None:
         return "user"
@@ -439,10 +443,17 @@ def owner_key(match: Match) -> str | None:
     if match.unit is not None:
         return "unit"
     if match.cgroup is not None:
-        top = next((p for p in match.cgroup.split("/") if p), None)
-        if top is not None and top != "user.slice":
+        parts = [p for p in match.cgroup.split("/") if p]
+        if parts and parts[0] != "user.slice" and not any(map(_tenants, parts)):
             return "cgroup"
     return None
+
+
+def _tenants(part: str) -> bool:
+    """A cgroup the kubelet makes for pods, any tenant's: ``kubepods.slice`` and its
+    ``kubepods-burstable.slice`` (systemd driver), ``kubepods`` (cgroupfs driver),
+    ``kubelet-kubepods.slice`` under a cgroup root of the kubelet's own (``--cgroup-root``)."""
+    return "kubepods" in part
 
 
 def _refs(rules: tuple[Config, ...]) -> list[Ref]:
