@@ -78,6 +78,13 @@ class PlanError(GputunedError):
     exit_code = exitcodes.REFUSED
 
 
+class UnsafeInstall(GputunedError):
+    """install-system would point root's unit at a program, interpreter or package that a user
+    other than root could change; nothing was changed."""
+
+    exit_code = exitcodes.REFUSED
+
+
 class UsageError(GputunedError):
     """The command line is wrong (an unknown option, a bad argument): nothing was done."""
 

@@ -41,8 +41,9 @@ TABLE = (
     ),
     ExitCode(
         REFUSED,
-        "the profile is invalid, or this host cannot take it (plan's blocked line); nothing "
-        "was changed",
+        "the profile is invalid, or this host cannot take it (plan's blocked line); "
+        "install-system: a user other than root could change the gputuned it would run; "
+        "nothing was changed",
     ),
     ExitCode(USAGE, "usage: an unknown command or option, or a bad argument; nothing was done"),
     ExitCode(INTERNAL, "a bug in gputunectl: run again with -v and report the traceback"),

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gputuned import __version__, errors
 from gputuned.kernel import Kernel, sysinstall
 from gputuned.store import state as hoststate
+from gputuned.store import userfiles
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -147,13 +148,43 @@ def wanted_files(exe: str) -> dict[str, bytes]:
 
 
 def find_gputuned() -> str:
+    """The ``gputuned`` root's unit will run, refused unless only root can change it, the
+    Python it starts and the package that Python imports (:func:`check_roots_alone`)."""
     exe = sysinstall.entry_point("gputuned")
     if exe is None:
         raise errors.GputunedError(
             "cannot find the gputuned program of this installation (beside the Python running "
             "gputunectl, or on PATH); reinstall gputuned with pip, then run install-system again"
         )
+    check_roots_alone(exe)
     return exe
+
+
+#: How to make an installation only root can change (docs/systemd.md, "From a clone").
+ROOT_INSTALL = (
+    "sudo python3 -m venv /opt/gputuned && sudo /opt/gputuned/bin/pip install . && "
+    "sudo /opt/gputuned/bin/gputunectl install-system"
+)
+
+
+def check_roots_alone(exe: str) -> None:
+    """Raise :class:`errors.UnsafeInstall` unless root alone can change what the unit runs:
+    ``exe``, the programs its ``#!`` starts, the gputuned package this Python imported and
+    its site-packages, each with every link and folder on the way from / (issue 30, item 4:
+    the ``gputuned`` of a venv in another user's clone gave root a unit running their files).
+    """
+    parts = [("it", exe)]
+    parts += [(f"its interpreter {p}", p) for p in sysinstall.interpreter_of(exe)]
+    parts += [(f"what it imports from {p}", p) for p in sysinstall.package_folders()]
+    for what, path in parts:
+        why = userfiles.untrusted_path(path)
+        if why is not None:
+            raise errors.UnsafeInstall(
+                f"refused: root's unit would run {exe}, and {what} can be changed by a user "
+                f"other than root ({why}); nothing was changed. Install gputuned as "
+                f"root where only root can change it, and run that one's install-system: "
+                f"{ROOT_INSTALL}"
+            )
 
 
 def read_record(kernel: Kernel) -> dict[str, str]:

@@ -12,9 +12,11 @@ import errno as E
 import hashlib
 import importlib.resources
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +60,56 @@ def entry_point(name: str) -> str | None:
         return str(beside.absolute())
     found = shutil.which(name)
     return os.path.abspath(found) if found else None
+
+
+#: The PATH systemd gives a system service (systemd.exec(5), "Environment variables in spawned
+#: processes"): where ``#!/usr/bin/env python3`` finds its interpreter under the unit.
+SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+#: The second line of pip's ``/bin/sh`` form of ``#!``, for an interpreter's path too long for
+#: ``#!`` or with a space in it (distlib's ``ScriptMaker._build_shebang``).
+_SH_EXEC = "'''exec' "
+
+
+def interpreter_of(exe: str) -> list[str]:
+    """The programs that running the script ``exe`` runs: its ``#!`` program, and the Python
+    that one starts when it is ``env`` (looked up on :data:`SERVICE_PATH`) or pip's ``/bin/sh``
+    form (:data:`_SH_EXEC`, then the Python). ``[]`` for a file that is no script."""
+    try:
+        with open(exe, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace").splitlines()
+    except OSError as exc:
+        raise translate(exc, "read", exe) from exc
+    if not head or not head[0].startswith("#!"):
+        return []
+    program, _, arg = head[0][2:].strip().partition(" ")
+    out = [program]
+    if os.path.basename(program) == "env" and arg.split():
+        found = shutil.which(arg.split()[0], path=SERVICE_PATH)
+        out += [found] if found else []
+    elif len(head) > 1 and head[1].startswith(_SH_EXEC):
+        try:
+            out += shlex.split(head[1].removeprefix(_SH_EXEC))[:1]
+        except ValueError as exc:  # unbalanced quotes: not pip's line
+            raise errors.GputunedError(
+                f"cannot tell which Python {exe} starts ({exc} in its second line); "
+                "reinstall gputuned with pip, then run install-system again"
+            ) from exc
+    return out
+
+
+def package_folders() -> list[str]:
+    """Where the running gputuned was imported from, and the site-packages folders of this
+    Python. For an editable install ``gputuned.__file__`` is already the source tree the
+    install points to."""
+    import gputuned
+
+    out = [os.path.dirname(os.path.abspath(gputuned.__file__))]
+    for key in ("purelib", "platlib"):
+        site = sysconfig.get_paths()[key]
+        if site not in out and os.path.isdir(site):
+            out.append(site)
+    return out
 
 
 def which(name: str) -> str | None:

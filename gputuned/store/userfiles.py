@@ -1,4 +1,6 @@
-"""Files a user names on the command line or in a profile (profiles and their includes).
+"""Files a user names on the command line or in a profile (profiles and their includes), and
+whether root may trust a path: only root can change what it leads to (profiles, and the
+program install-system points root's unit at).
 
 These are not part of the tuned host tree, so they are read directly rather than through
 the kernel port and its root; this module keeps the one ``open`` out of the
@@ -8,9 +10,11 @@ profile layer, which never touches the machine itself.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from gputuned.errors import ProfileError
@@ -63,43 +67,93 @@ def read_user_file(path: str | Path) -> bytes:
 
 
 def untrusted_folder(path: str | Path, st: os.stat_result) -> str | None:
-    """Why root must not trust the folders above the file ``st`` (opened from ``path``): one
-    that is not root's, or that others may write (a sticky one, such as /tmp, only where what
-    it holds is root's: others cannot remove or rename that), lets them swap the file."""
+    """Why root must not trust the folders above the file ``st`` (opened from ``path``), or
+    the links on the way to it (:func:`untrusted_path`, the file itself left to
+    :func:`untrusted_reason`)."""
     if os.geteuid() != 0:
         return None
-    real = os.path.realpath(path)
     try:
-        now = os.stat(real)
-        # The path as given too: a link another user made (in /tmp, say) sends root to the
-        # file of their choosing, and its folders decide what it is next time (issue 30).
-        given = os.path.abspath(path)
-        link = os.lstat(given)
+        walk = list(_resolution(os.path.abspath(path)))
     except OSError:
         return "it moved while it was read"
-    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+    last = walk[-1][1]
+    if (last.st_dev, last.st_ino) != (st.st_dev, st.st_ino):
         return "it was replaced while it was read"
-    if stat.S_ISLNK(link.st_mode):
-        if link.st_uid != 0:
-            return f"the link {given} is owned by uid {link.st_uid}, not root"
-        why = _folders(os.path.dirname(given), link.st_uid)
-        if why is not None:
-            return why
-    return _folders(os.path.dirname(real), st.st_uid)
+    return _untrusted_walk(walk[:-1], walk[-1][1].st_uid)
 
 
-def _folders(folder: str, owner: int) -> str | None:
-    """Why root must not trust ``folder`` and those above it, holding an entry of ``owner``."""
-    while True:
-        dst = os.lstat(folder)
-        if dst.st_uid != 0:
-            return f"the folder {folder} is owned by uid {dst.st_uid}, not root"
-        others_write = dst.st_mode & 0o002 or (dst.st_mode & 0o020 and dst.st_gid != 0)
-        if others_write and not (dst.st_mode & stat.S_ISVTX and owner == 0):
-            return f"the folder {folder} is writable by others"
-        if folder == "/":
-            return None
-        owner, folder = dst.st_uid, os.path.dirname(folder)
+def untrusted_path(path: str | Path) -> str | None:
+    """Why root must not trust what ``path`` leads to, whoever asks: an entry on the way that
+    is not root's, a folder that others may write (a sticky one, such as /tmp, only where what
+    it holds is root's: others cannot remove or rename that), or the file (or folder) at the
+    end writable by others. Every entry the kernel goes through counts: each folder from /
+    down, each link (the path as given, a link in a folder of the path, a link a link points
+    to) and the folders of what it points to: another user's link (in /tmp, say) sends root
+    to the file of their choosing (issue 30, item 6), and root's unit must not run a program,
+    or import a package, that another user can change (item 4)."""
+    try:
+        walk = list(_resolution(os.path.abspath(path)))
+    except OSError as exc:
+        return f"{path} cannot be checked: {exc.strerror or exc}"
+    why = _untrusted_walk(walk[:-1], walk[-1][1].st_uid)
+    if why is None:
+        end, st = walk[-1]
+        kind = "folder" if stat.S_ISDIR(st.st_mode) else "file"
+        why = _not_roots_alone(st, f"{kind} {end}")
+    return why
+
+
+#: The kernel follows at most this many links in one path lookup (MAXSYMLINKS,
+#: include/linux/namei.h); one more is ELOOP.
+_MAX_LINKS = 40
+
+
+def _resolution(path: str) -> Iterator[tuple[str, os.stat_result]]:
+    """Each entry the kernel goes through to reach absolute ``path``, from / down, by its
+    physical path, with its lstat: a link, then the entries of what it points to."""
+    yield "/", os.lstat("/")
+    todo = path.split("/")
+    here, links = "/", 0
+    while todo:
+        name = todo.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":  # physical: ``here`` holds no link
+            here = os.path.dirname(here)
+            continue
+        entry = os.path.join(here, name)
+        st = os.lstat(entry)
+        yield entry, st
+        if not stat.S_ISLNK(st.st_mode):
+            here = entry
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+        target = os.readlink(entry)
+        todo = target.split("/") + todo
+        if target.startswith("/"):
+            here = "/"
+
+
+def _untrusted_walk(walk: list[tuple[str, os.stat_result]], end_uid: int) -> str | None:
+    """Why root must not trust the entries of ``walk`` (all but the last of a resolution),
+    the last of which holds an entry of ``end_uid``: an entry of another user's is named
+    first, then a folder others may write."""
+    for entry, st in walk:
+        if st.st_uid != 0:
+            kind = "link" if stat.S_ISLNK(st.st_mode) else "folder"
+            return f"the {kind} {entry} is owned by uid {st.st_uid}, not root"
+    for i, (entry, st) in enumerate(walk):
+        held = walk[i + 1][1].st_uid if i + 1 < len(walk) else end_uid
+        sticky_over_roots = st.st_mode & stat.S_ISVTX and held == 0
+        if not stat.S_ISLNK(st.st_mode) and _others_may_write(st) and not sticky_over_roots:
+            return f"the folder {entry} is writable by others"
+    return None
+
+
+def _others_may_write(st: os.stat_result) -> bool:
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))
 
 
 def _not_regular(st: os.stat_result) -> str | None:
@@ -121,12 +175,16 @@ def untrusted_reason(st: os.stat_result) -> str | None:
     """Why root must not trust a file with this stat: others can write it, or it is theirs."""
     if os.geteuid() != 0:
         return None  # a user's own run: the kernel refuses what that user may not change
+    return _not_roots_alone(st, "file")
+
+
+def _not_roots_alone(st: os.stat_result, what: str) -> str | None:
     if st.st_mode & 0o002:
-        return "the file is writable by every user"
+        return f"the {what} is writable by every user"
     if st.st_mode & 0o020 and st.st_gid != 0:
-        return f"the file is writable by group {st.st_gid}"
+        return f"the {what} is writable by group {st.st_gid}"
     if st.st_uid != 0:
-        return f"the file is owned by uid {st.st_uid}, not root"
+        return f"the {what} is owned by uid {st.st_uid}, not root"
     return None
 
 

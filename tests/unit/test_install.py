@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -201,3 +204,149 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "install " in out and "next: systemctl enable --now gputuned.service" in out
     assert cli.main(["uninstall-system", "--prefix", str(tmp_path)]) == 0
     assert "remove " in capsys.readouterr().out
+
+
+# ---- whose code root's unit runs (issue 30, item 4) ---------------------------------------------
+
+
+@pytest.fixture
+def owner() -> Iterator[pwd.struct_passwd]:
+    """A real unprivileged account (made for the test, removed again) to own a tree."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a tree of another user's, and root's check of it")
+    from tests.users import system_user
+
+    with system_user("gputuned-test-venv") as pw:
+        yield pw
+
+
+def fake_venv(base: Path) -> str:
+    """A venv as install-system looks at it: bin/gputuned, whose #! names bin/python."""
+    bin_ = base / "venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text("#!/bin/sh\n")
+    (bin_ / "gputuned").write_text(f"#!{bin_}/python\nimport sys\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    for d in (base, base / "venv", bin_):
+        d.chmod(0o755)
+    return str(bin_ / "gputuned")
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    for p in [top, *top.rglob("*")]:
+        os.lchown(p, uid, gid)
+
+
+def install_json(
+    capsys: pytest.CaptureFixture[str], prefix: Path, *extra: str
+) -> tuple[int, dict[str, object]]:
+    rc = cli.main(["install-system", "--prefix", str(prefix), "--json", *extra])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("part", ["venv", "interpreter", "package"])
+def test_a_venv_another_user_owns_is_refused(
+    tmp_path: Path,
+    owner: pwd.struct_passwd,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    part: str,
+) -> None:
+    """Root's unit ran the gputuned beside the running Python whoever owned it: a venv of
+    another user's (README's clone plus .venv, in their home) gave root a unit running their
+    files, exit 0. Now their venv, a link on the way to the interpreter through a folder of
+    theirs, or the gputuned package imported from a clone of theirs (an editable install) is
+    refused, with --dry-run too, and nothing is written."""
+    exe = fake_venv(tmp_path / "home")
+    top = tmp_path / "home" / "venv"
+    if part == "interpreter":  # bin/python links to a file in a folder of theirs
+        top = tmp_path / "theirs"
+        top.mkdir()
+        (top / "python3").write_text("#!/bin/sh\n")
+        (top / "python3").chmod(0o755)
+        link = tmp_path / "home" / "venv" / "bin" / "python"
+        link.unlink()
+        link.symlink_to(top / "python3")
+    if part == "package":  # an editable install: the package is their clone's
+        top = tmp_path / "clone"
+        (top / "gputuned").mkdir(parents=True)
+        monkeypatch.setattr(sysinstall, "package_folders", lambda: [str(top / "gputuned")])
+    chown_tree(top, owner.pw_uid, owner.pw_gid)
+    monkeypatch.setattr(sysinstall, "entry_point", lambda name: exe)
+    prefix = tmp_path / "prefix"
+    prefix.mkdir()
+    for extra in (["--dry-run"], []):
+        rc, out = install_json(capsys, prefix, *extra)
+        assert rc == 4 and out["error_class"] == "UnsafeInstall", out
+        text = str(out["error"])
+        assert f"is owned by uid {owner.pw_uid}, not root" in text, text
+        assert str(top) in text and exe in text, text
+        assert "python3 -m venv /opt/gputuned" in text, text
+    assert files_under(prefix) == {}
+
+
+def test_a_group_writable_folder_above_is_refused(
+    tmp_path: Path,
+    owner: pwd.struct_passwd,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Root's own tree, but a folder above it that the owner's group may write: they can put
+    another venv in its place."""
+    base = tmp_path / "opt"
+    exe = fake_venv(base)
+    os.chown(base, 0, owner.pw_gid)
+    base.chmod(0o775)
+    monkeypatch.setattr(sysinstall, "entry_point", lambda name: exe)
+    prefix = tmp_path / "prefix"
+    rc, out = install_json(capsys, prefix)
+    assert rc == 4 and f"the folder {base} is writable by others" in str(out["error"]), out
+    assert not prefix.exists() or files_under(prefix) == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a tree only root may change needs root")
+def test_a_root_owned_tree_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Root's tree, a link through root's folders to root's interpreter, in a sticky folder
+    (as /tmp) holding only root's entry: installed, ExecStart naming it."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    exe = fake_venv(sticky / "opt")
+    real = tmp_path / "usr-bin"
+    real.mkdir()
+    (real / "python3.11").write_text("#!/bin/sh\n")
+    (real / "python3.11").chmod(0o755)
+    link = sticky / "opt" / "venv" / "bin" / "python"
+    link.unlink()
+    link.symlink_to(real / "python3.11")
+    monkeypatch.setattr(sysinstall, "entry_point", lambda name: exe)
+    rc, out = install_json(capsys, tmp_path / "prefix")
+    assert rc == 0 and out["exec_start"] == exe, out
+    assert f"\nExecStart={exe}\n" in (tmp_path / "prefix" / UNIT.lstrip("/")).read_text()
+
+
+@pytest.mark.parametrize(
+    ("script", "program"),
+    [
+        ("#!/opt/g/bin/python3\n", ["/opt/g/bin/python3"]),
+        ("#! /opt/g/bin/python3 -E\n", ["/opt/g/bin/python3"]),
+        # pip's form for a path too long for #! or with a space (distlib's _build_shebang)
+        (
+            "#!/bin/sh\n'''exec' \"/opt/my g/bin/python3\" \"$0\" \"$@\"\n' '''\n",
+            ["/bin/sh", "/opt/my g/bin/python3"],
+        ),
+        ("#!/usr/bin/env python3\n", ["/usr/bin/env", "python3"]),
+        ("\x7fELF", []),
+    ],
+)
+def test_the_interpreter_a_script_names(tmp_path: Path, script: str, program: list[str]) -> None:
+    exe = tmp_path / "gputuned"
+    exe.write_bytes(script.encode())
+    got = sysinstall.interpreter_of(str(exe))
+    if program[-1:] == ["python3"]:  # env: found on the PATH systemd gives a service
+        assert got[0] == "/usr/bin/env" and (len(got) == 1 or got[1].endswith("/python3"))
+    else:
+        assert got == program

@@ -238,3 +238,29 @@ def test_a_root_that_is_not_a_tree_is_refused_and_not_made(
     assert rc == 64  # a usage error (issue 19): 2 is verify's "pending reboot"
     assert "--root" in capsys.readouterr().err
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before, "nothing made"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the check applies to root")
+def test_every_link_on_the_way_counts(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, item 4 (one walk for profiles and install-system): a link that a link points
+    to, in a folder of another user's, was not looked at (only the path as given and the
+    final file's folders were). A folder reached through root's link stays fine (the walk
+    judges a link by its owner, not by its mode, which is always 0777)."""
+    from gputuned.profile.load import load_profile
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "p.toml").write_text('name = "roots"\n')
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "hop.toml").symlink_to(real / "p.toml")
+    os.chown(theirs, 65534, 65534)
+    first = tmp_path / "first.toml"
+    first.symlink_to(theirs / "hop.toml")
+    with pytest.raises(errors.ProfileError, match=f"the folder {theirs} is owned by uid 65534"):
+        load_profile(first)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "gputuned").symlink_to(real)
+    assert load_profile(tmp_path / "etc" / "gputuned" / "p.toml").name == "roots"
