@@ -22,7 +22,9 @@ Metrics (``--metric``):
   better);
 - ``URL#name``: a metric of the server's Prometheus endpoint: a histogram's mean over the
   window (vLLM's ``vllm:time_per_output_token_seconds``; lower is better), or a counter's rate
-  per second (higher is better). ``--better`` overrides the direction.
+  per second (higher is better). ``--better`` overrides the direction. The endpoint is read
+  within one deadline, without redirects, and on this host only from a socket of a measured
+  process's user or root (gputuned/service/httpget.py; docs/trial.md says why).
 
 The placed processes are those the side's `[[process]]` rules place on this host (read after
 each apply), or the ``--pid`` given.
@@ -181,6 +183,16 @@ def placed_pids(kernel: Kernel, profile: Profile) -> list[int]:
     return sorted(pids)
 
 
+def _first_pids(
+    kernel: Kernel, args: argparse.Namespace, sides: dict[str, tuple[Profile, str]]
+) -> list[int]:
+    """The server's processes before the first apply: the ``--pid`` given, or those either
+    side would place (whose users' sockets a local endpoint is read from: trialmeter)."""
+    if args.pid:
+        return list(args.pid)
+    return sorted({p for side in ("A", "B") for p in placed_pids(kernel, sides[side][0])})
+
+
 def cmd_trial(args: argparse.Namespace) -> int:
     kernel = root.open_kernel(args.root)
     if args.rule:
@@ -189,7 +201,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         wins = args.min_wins if args.min_wins is not None else math.ceil(0.8 * args.pairs)
         rule = Rule(args.pairs, wins, args.min_gain)
     sides = _sides(kernel, args)
-    measure_window, unit, lower = meter(kernel, args)
+    measure_window, unit, lower = meter(kernel, args, lambda: _first_pids(kernel, args, sides))
     host = Host(kernel)
     out = console()
 
@@ -349,7 +361,8 @@ def add_trial_command(sub: Any) -> None:
         "--pid",
         type=int,
         action="append",
-        help="measure these processes (default: those the side places)",
+        help="measure these processes (default: those the side places); a metrics endpoint of "
+        "this host is read only from a socket of their users or root",
     )
     add_root(s)
     add_json(s)

@@ -32,20 +32,49 @@ def _schedstat(kernel: Kernel, pids: list[int]) -> dict[tuple[int, int], tuple[i
 Meter = Callable[[list[int], float], float]
 
 
-def meter(kernel: Kernel, args: argparse.Namespace) -> tuple[Meter, str, bool]:
-    """(measure one window of ``seconds`` for ``pids``, the unit, lower is better)."""
-    from gputuned.service.promscrape import Reading, parse_target, scrape
+def server_uids(kernel: Kernel, pids: list[int]) -> frozenset[int]:
+    """The real and effective user IDs of the processes ``pids`` that still run: the users
+    whose socket trial reads a metrics endpoint of this host from (promscrape.scrape)."""
+    from gputuned.kernel.proc import read_uids
+
+    out: set[int] = set()
+    for pid in pids:
+        try:
+            out.update(u for u in read_uids(kernel, pid) if u is not None)
+        except errors.HostError:
+            continue  # gone: vouches for nothing
+    return frozenset(out)
+
+
+def meter(
+    kernel: Kernel, args: argparse.Namespace, first_pids: Callable[[], list[int]]
+) -> tuple[Meter, str, bool]:
+    """(measure one window of ``seconds`` for ``pids``, the unit, lower is better).
+
+    A metric of the server's endpoint is read only from a socket of the measured processes'
+    users or root; before the first apply (the reading that tells a histogram from a counter),
+    the measured processes are ``first_pids()``."""
+    from gputuned.service.promscrape import Reading, Target, parse_target, scrape
+
+    def read(target: Target, pids: list[int]) -> Reading:
+        try:
+            return scrape(target, owners=server_uids(kernel, pids))
+        except errors.HostError as exc:
+            raise errors.HostError(
+                f"{exc}; trial stops, and the host goes back as it started",
+                path=exc.path,
+            ) from exc
 
     def threads(pids: list[int], seconds: float) -> tuple[int, int, float, Reading | None, Any]:
         work = parse_target(args.work) if args.work else None
-        w0 = scrape(work) if work else None
+        w0 = read(work, pids) if work else None
         s0, t0 = _schedstat(kernel, pids), time.monotonic()
         time.sleep(seconds)
         s1, elapsed = _schedstat(kernel, pids), time.monotonic() - t0
         both = s0.keys() & s1.keys()
         run = sum(s1[k][0] - s0[k][0] for k in both)
         wait = sum(s1[k][1] - s0[k][1] for k in both)
-        return run, wait, elapsed, w0, (scrape(work) if work else None)
+        return run, wait, elapsed, w0, (read(work, pids) if work else None)
 
     if args.metric == "runq":
 
@@ -72,12 +101,12 @@ def meter(kernel: Kernel, args: argparse.Namespace) -> tuple[Meter, str, bool]:
 
         return cpu, "CPU ms per unit of work", _lower(args, True)
     target = parse_target(args.metric)
-    first = scrape(target)
+    first = read(target, first_pids())
 
-    def prom(_pids: list[int], seconds: float) -> float:
-        r0, t0 = scrape(target), time.monotonic()
+    def prom(pids: list[int], seconds: float) -> float:
+        r0, t0 = read(target, pids), time.monotonic()
         time.sleep(seconds)
-        r1, elapsed = scrape(target), time.monotonic() - t0
+        r1, elapsed = read(target, pids), time.monotonic() - t0
         if r1.kind == "histogram":
             n = r1.count - r0.count
             if n <= 0:

@@ -5,22 +5,26 @@ Every sample of the family is summed over its label sets (one per model served):
 or summary gives its ``_sum`` and ``_count`` (a window's mean is the difference of sums over
 the difference of counts: vLLM's ``vllm:time_per_output_token_seconds``), a counter or gauge
 its value. The server is another program: its answer is hostile input, read with a size limit
-and a timeout, and a line that does not parse is skipped.
+and one deadline for the whole answer, redirects not followed, and a server of this host read
+only when its socket is the server's user's or root's (gputuned/service/httpget.py); a line
+that does not parse is skipped.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gputuned import errors
+from gputuned.service import httpget
 
 #: Largest exposition read (vLLM's is tens of KiB).
 MAX_BYTES = 8 << 20
+#: One reading's deadline in seconds: connecting, the headers and the body together.
+DEADLINE_S = 5.0
 _SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\S+)?")
 
 
@@ -54,18 +58,16 @@ class Reading:
     count: float = 0.0
 
 
-def scrape(target: Target, timeout: float = 5.0) -> Reading:
-    try:
-        with urllib.request.urlopen(target.url, timeout=timeout) as resp:  # noqa: S310 (http(s) only: parse_target)
-            body = resp.read(MAX_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise errors.HostError(
-            f"could not read {target.url}: {exc}; is the server up and its metrics endpoint "
-            "at that address?",
-            path=target.url,
-        ) from exc
-    if len(body) > MAX_BYTES:
-        raise errors.HostError(f"{target.url}: more than {MAX_BYTES} bytes of metrics; refused")
+def scrape(target: Target, *, owners: Collection[int], timeout: float | None = None) -> Reading:
+    """The family of ``target``, read within ``timeout`` seconds in all (DEADLINE_S by
+    default), never through a redirect; a server on this host only when its socket is owned
+    by a uid in ``owners`` (the server's user) or root. gputuned/service/httpget.py says why."""
+    body = httpget.get(
+        target.url,
+        timeout=DEADLINE_S if timeout is None else timeout,
+        max_bytes=MAX_BYTES,
+        owners=owners,
+    )
     return read_family(body.decode("utf-8", "replace"), target.name)
 
 

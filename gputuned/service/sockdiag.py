@@ -2,7 +2,9 @@
 
 A TCP peer has no ``SO_PEERCRED``. For a connection from this machine the kernel still knows
 the client's socket and the user that created it: ``ss -e`` shows it as ``uid:``. The metrics
-port asks the same question to let only the users it names scrape (issue 14, finding 10).
+port asks the same question to let only the users it names scrape (issue 14, finding 10); trial
+asks it of the server's end of its own connection, to read a local metrics endpoint only from
+the server's user or root (issue 30, item 5: gputuned/service/httpget.py).
 
 One request, ``SOCK_DIAG_BY_FAMILY`` with the exact 4-tuple of the client's socket and no dump
 flag, makes the kernel look that one socket up (net/ipv4/inet_diag.c,
@@ -17,6 +19,7 @@ import errno as E
 import ipaddress
 import socket
 import struct
+from dataclasses import dataclass
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -43,14 +46,54 @@ def _packed(addr: str) -> tuple[int, bytes]:
     return socket.AF_INET6, ip.packed
 
 
+TCP_ESTABLISHED = 1
+TCP_TIME_WAIT = 6
+TCP_NEW_SYN_RECV = 12
+# States the kernel answers with uid 0 whatever the owner: a connection in TIME-WAIT (also the
+# orphaned FIN-WAIT-2 kept as a time-wait socket: inet_twsk_diag_fill) and a request not yet
+# answered by the client's final ACK (inet_req_diag_fill). That 0 is not root.
+_NO_OWNER = frozenset({TCP_TIME_WAIT, TCP_NEW_SYN_RECV})
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    """The kernel's answer for one TCP socket: its state (include/net/tcp_states.h) and its
+    owner, None where the kernel reports none for that state."""
+
+    state: int
+    uid: int | None
+
+
 def tcp_owner(client: tuple[str, int], server: tuple[str, int]) -> int | None:
     """The uid that owns the TCP socket at ``client`` connected to ``server``, or None when
     the kernel knows no such socket here (another host, another network namespace, gone)."""
-    family, src = _packed(client[0])
-    family2, dst = _packed(server[0])
+    found = _ask(client, server)
+    return None if found is None else found[1]
+
+
+def tcp_socket(local: tuple[str, int], remote: tuple[str, int]) -> TcpSocket | None:
+    """The TCP socket of this host at ``local`` connected to ``remote``: None when the kernel
+    knows none here (another host, another network namespace).
+
+    Asked with the server's address as ``local`` and a client's as ``remote``, it is the
+    server's end of that connection: the kernel looks for the connection first and falls back
+    on the listening socket at ``local`` (inet_lookup). Until the server accepts it, the
+    connection's socket is a clone of the listener's, owner included (sk_clone_lock); once
+    accepted, its owner is the accepting process's (sock_graft, include/net/sock.h)."""
+    found = _ask(local, remote)
+    if found is None:
+        return None
+    state, uid = found
+    return TcpSocket(state, None if state in _NO_OWNER else uid)
+
+
+def _ask(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+    """(state, uid) of the socket at ``local`` connected to ``remote``; None: not found."""
+    family, src = _packed(local[0])
+    family2, dst = _packed(remote[0])
     if family != family2:
         return None
-    sockid = _SOCKID.pack(client[1], server[1], src, dst) + _SOCKID_TAIL.pack(
+    sockid = _SOCKID.pack(local[1], remote[1], src, dst) + _SOCKID_TAIL.pack(
         0, INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE
     )
     body = _REQ.pack(family, socket.IPPROTO_TCP, 0, 0, _ALL_STATES) + sockid
@@ -69,5 +112,6 @@ def tcp_owner(client: tuple[str, int], server: tuple[str, int]) -> int | None:
         raise OSError(-err, f"sock_diag look-up: {E.errorcode.get(-err, err)}")
     if kind != SOCK_DIAG_BY_FAMILY or len(data) < _NLMSGHDR.size + _UID_OFFSET + 4:
         return None
+    state = data[_NLMSGHDR.size + 1]
     (uid,) = struct.unpack_from("=I", data, _NLMSGHDR.size + _UID_OFFSET)
-    return int(uid)
+    return state, int(uid)

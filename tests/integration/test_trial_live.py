@@ -128,3 +128,52 @@ def test_trial_picks_the_side_without_burners_and_ends_on_it(
     assert read_process(live_kernel(), pid).threads[0].affinity == {1}  # on the winner
     revert_all(live_kernel())
     assert read_process(live_kernel(), pid).threads[0].affinity == before
+
+
+#: A metrics endpoint of one sample, ``x 7``, on 127.0.0.1; it prints its port.
+ENDPOINT = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "4")
+        self.end_headers()
+        self.wfile.write(b"x 7\\n")
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def test_a_local_endpoint_is_read_only_from_the_servers_user_or_root() -> None:
+    """Another local user listening where the server's endpoint should be is refused before
+    anything is read (issue 30, item 5): the owner is the kernel's, by NETLINK_SOCK_DIAG."""
+    from gputuned import errors
+    from gputuned.cli.trialmeter import server_uids
+    from gputuned.service.promscrape import parse_target, scrape
+    from tests.localuser import NoUser, local_user
+
+    try:
+        with local_user("gputuned-test-scrape") as user:
+            server = subprocess.Popen(
+                user.argv(user.python, "-c", ENDPOINT), stdout=subprocess.PIPE, text=True
+            )
+            try:
+                assert server.stdout is not None
+                target = parse_target(f"http://127.0.0.1:{int(server.stdout.readline())}/m#x")
+                # The process trial measures is root's here (this test): the user's socket is
+                # not the server's.
+                with pytest.raises(errors.HostError) as exc:
+                    scrape(target, owners=server_uids(live_kernel(), [os.getpid()]))
+                assert f"belongs to uid {user.uid}" in str(exc.value)
+                # Measuring the user's own server: its socket is the server's.
+                assert user.uid in server_uids(live_kernel(), [server.pid])
+                got = scrape(target, owners=server_uids(live_kernel(), [server.pid]))
+                assert got.value == 7.0
+            finally:
+                server.kill()  # by PID: only what this test started
+                server.wait()
+    except NoUser as exc:
+        pytest.skip(str(exc))
