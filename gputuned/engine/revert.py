@@ -250,10 +250,13 @@ def _sweep(
     kids: dict[int, list[int]] = {}
     for p in procs.values():
         kids.setdefault(p.ppid, []).append(p.pid)
+    # A kernel thread passes nothing on ([workqueues] kthreads moves them): kthreadd's children
+    # reset their CPUs as they start (kernel/kthread.c kthread()), some may not be set at all
+    # (PF_NO_SETAFFINITY), and the user-mode helpers it parents are forked by a kworker.
     queue = [
         (pid, pl)
         for pid, pl in placed.items()
-        if pid in procs and procs[pid].start_time == pl.start
+        if pid in procs and procs[pid].start_time == pl.start and not procs[pid].kernel_thread
     ]
     seen = {pid for pid, _ in queue}
     while queue:

@@ -2,7 +2,7 @@
 32-bit groups, ``format_mask``) and written the same way, with at least one online CPU. The
 sysfs setting writes only files listed here or named by another kernel module
 (gputuned/settings/sysfs.py), and the simulator stores a mask written to one as the kernel
-prints it (gputuned/sim/model.py)."""
+prints it (gputuned/sim/model.py). And which threads' CPU mask is the kernel's alone."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from gputuned.kernel.irqs import DEFAULT_AFFINITY
 WORKQUEUES = "/sys/devices/virtual/workqueue"
 UNBOUND_WORKQUEUES = f"{WORKQUEUES}/cpumask"
 WORKQUEUE_MASK = re.compile(rf"{WORKQUEUES}/([A-Za-z0-9_][A-Za-z0-9_.:-]{{0,63}}/)?cpumask")
+
+#: include/linux/sched.h: the flags field of /proc/PID/stat (kernel/procfs.py FLAGS) of a thread
+#: whose CPUs only the kernel sets: per-CPU kernel threads (kthread_bind()), workqueue workers.
+#: sched_setaffinity() refuses it with EINVAL (kernel/sched/syscalls.c).
+PF_NO_SETAFFINITY = 0x04000000
 
 #: Every CPU mask file gputuned writes.
 MASK_FILES = re.compile("|".join((re.escape(DEFAULT_AFFINITY), WORKQUEUE_MASK.pattern)))

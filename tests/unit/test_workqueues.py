@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from gputuned.cli import main as cli
+from gputuned.cpulist import format_mask, parse_cpulist
 from gputuned.engine.opcheck import refusal
 from gputuned.errors import ProfileError
-from gputuned.kernel.masks import WORKQUEUES
+from gputuned.kernel.masks import PF_NO_SETAFFINITY, WORKQUEUES
+from gputuned.kernel.procfs import FLAGS, PF_KTHREAD, edit_stat, parse_status
 from gputuned.profile.load import parse_profile
 from gputuned.settings.base import Op
+from tests.fakeproc import add_process, remove_process
 from tests.unit.test_apply import digest, tree_copy
 
 WQ = WORKQUEUES.lstrip("/")
@@ -140,3 +143,148 @@ def test_a_journal_names_only_workqueue_masks(path: str, ok: bool) -> None:
     """The user relies on revert writing only a workqueue's CPU mask, whatever a journal says."""
     op = Op("k", "workqueues", "t", "sysfs", path, "ffff", compare="mask")
     assert (refusal(op, "ffff") is None) is ok
+
+
+# ---- kernel threads (kthreads = true) ---------------------------------------------------------
+
+#: (pid, comm, CPUs, flags, start time): kthreadd and a kswapd that may move, two the kernel
+#: binds to one CPU (PF_NO_SETAFFINITY: sched_setaffinity refuses them), one already on the set.
+KTHREADS = [
+    (2, "kthreadd", "0-15", PF_KTHREAD, 3),
+    (47, "kswapd0", "0-15", PF_KTHREAD, 80),
+    (20, "migration/0", "0", PF_KTHREAD | PF_NO_SETAFFINITY, 11),
+    (30, "ksoftirqd/3", "3", PF_KTHREAD | PF_NO_SETAFFINITY, 12),
+    (52, "irq/24-ACPI:Ged", "0,8", PF_KTHREAD, 90),
+]
+
+
+def add_kthread(root: Path, pid: int, comm: str, cpus: str, flags: int, start: int) -> None:
+    """A kernel thread as /proc shows one: PF_KTHREAD in stat's flags, no command line, no
+    exe, in the root cgroup, started by kthreadd (kthreadd itself by nobody, PPid 0)."""
+    add_process(
+        root,
+        pid,
+        comm=comm,
+        cmdline=[],
+        exe=None,
+        start_time=start,
+        cgroup="/",
+        cpus=cpus,
+        ppid=0 if pid == 2 else 2,
+    )
+    for stat in (root / f"proc/{pid}/stat", root / f"proc/{pid}/task/{pid}/stat"):
+        stat.write_text(edit_stat(stat.read_text(), {FLAGS: flags}))
+
+
+def kthread_tree(tmp_path: Path) -> Path:
+    root = tree(tmp_path)
+    for pid, comm, cpus, flags, start in KTHREADS:
+        add_kthread(root, pid, comm, cpus, flags, start)
+    return root
+
+
+def allowed(root: Path, pid: int) -> str:
+    status = (root / f"proc/{pid}/task/{pid}/status").read_text()
+    return parse_status(status)["Cpus_allowed_list"]
+
+
+def test_movable_kthreads_move_to_the_set_and_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = kthread_tree(tmp_path)
+    before = digest(root)
+    prof = profile_file(tmp_path)
+    rc, plan = run(capsys, "plan", prof, "--root", str(root))
+    assert rc == 0
+    changes = plan["changes"]
+    assert isinstance(changes, list)
+    assert [(c["target"], c["current"], c["wanted"]) for c in changes][3:] == [
+        ("kernel thread kthreadd (pid 2)", "0-15", "0,8"),
+        ("kernel thread kswapd0 (pid 47)", "0-15", "0,8"),
+    ]
+    assert (
+        "workqueues: 3 movable kernel thread(s) kept on CPUs 0,8 (1 there already); 2 "
+        "bound to their CPUs by the kernel left where they are"
+    ) in plan["notes"]  # type: ignore[operator]
+
+    assert run(capsys, "apply", prof, "--root", str(root))[0] == 0
+    assert [allowed(root, pid) for pid, *_ in KTHREADS] == ["0,8", "0,8", "0", "3", "0,8"]
+    rc, report = run(capsys, "verify", prof, "--root", str(root))
+    assert rc == 0, report
+
+    set_affinity(root, 47, "0-15")  # the kernel, or someone, widened it again
+    assert run(capsys, "verify", prof, "--root", str(root))[0] == 1
+
+    # Revert puts back what it changed and nothing else: not the bound ones, nor the one that
+    # was on the set already, though they show CPUs kthreadd was given (kthreadd's children
+    # inherit nothing from it: kernel/kthread.c kthread() resets each one's mask).
+    assert cli.main(["revert", "--root", str(root)]) == 0
+    capsys.readouterr()
+    assert digest(root) == before
+
+
+def test_what_partitions_already_keep_kthreads_off_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = kthread_tree(tmp_path)
+    (root / "sys/fs/cgroup/cpuset.cpus.effective").write_text("0-3,8\n")  # 4-7 partitioned
+    rc, plan = run(capsys, "plan", profile_file(tmp_path), "--root", str(root))
+    assert rc == 0
+    assert (
+        "workqueues: cpuset partitions already keep movable kernel threads off CPUs 4-7,9-15"
+    ) in plan["notes"]  # type: ignore[operator]
+
+
+def test_a_kthread_that_ended_or_whose_pid_was_reused_is_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = kthread_tree(tmp_path)
+    prof = profile_file(tmp_path)
+    assert run(capsys, "apply", prof, "--root", str(root))[0] == 0
+    assert allowed(root, 47) == allowed(root, 2) == "0,8"
+    remove_process(root, 47)  # kswapd0 ended, and its pid went to a user's process
+    add_process(root, 47, comm="bash", cmdline=["bash"], exe="/bin/bash", start_time=99000)
+    rc, report = run(capsys, "verify", prof, "--root", str(root))
+    assert rc == 0, report
+    settings = report["settings"]
+    assert isinstance(settings, list)
+    assert not any("47" in s["target"] for s in settings)
+
+    assert cli.main(["revert", "--root", str(root)]) == 0
+    capsys.readouterr()
+    assert allowed(root, 47) == "0-15"  # the new process's own, never written
+    assert allowed(root, 2) == "0-15"
+
+
+def test_kthreads_false_leaves_kernel_threads_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = kthread_tree(tmp_path)
+    before = digest(root)
+    prof = profile_file(tmp_path, PROFILE + "kthreads = false\n")
+    rc, plan = run(capsys, "plan", prof, "--root", str(root))
+    assert rc == 0
+    changes = plan["changes"]
+    assert isinstance(changes, list)
+    assert not any("kernel thread" in c["target"] for c in changes)
+    assert run(capsys, "apply", prof, "--root", str(root))[0] == 0
+    assert [allowed(root, pid) for pid, *_ in KTHREADS] == ["0-15", "0-15", "0", "3", "0,8"]
+    assert cli.main(["revert", "--root", str(root)]) == 0
+    capsys.readouterr()
+    assert digest(root) == before
+
+
+def set_affinity(root: Path, pid: int, cpus: str) -> None:
+    """Someone else sets ``pid``'s CPUs (the tree's 16 CPUs: 4 hex digits of mask)."""
+    rows = {
+        "Cpus_allowed": format_mask(parse_cpulist(cpus), 16),
+        "Cpus_allowed_list": cpus,
+    }
+    for status in (root / f"proc/{pid}/status", root / f"proc/{pid}/task/{pid}/status"):
+        lines = status.read_text().splitlines(keepends=True)
+        status.write_text(
+            "".join(
+                f"{key}:\t{rows[key]}\n" if (key := ln.partition(":")[0]) in rows else ln
+                for ln in lines
+            )
+        )
