@@ -136,15 +136,6 @@ def test_more_than_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         scrape(parse_target(f"http://127.0.0.1:{port}/metrics#x"), owners=[ME])
 
 
-@pytest.mark.skipif(ME == 0, reason="root's socket is always trusted; the refusal needs a user")
-def test_a_local_socket_of_a_user_not_the_servers_is_not_read() -> None:
-    with (
-        serving(plain(b"x 1\n")) as (port, _seen),
-        pytest.raises(errors.HostError, match=f"uid {ME}"),
-    ):
-        scrape(parse_target(f"http://127.0.0.1:{port}/metrics#x"), owners=[ME + 1])
-
-
 def test_a_local_socket_is_checked_against_the_servers_users(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
