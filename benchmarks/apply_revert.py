@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import applysteps
+from harness import applysteps
 
 import gputuned.engine.plan as engine_mod
 from gputuned.engine.apply import apply_profile, revert_all
@@ -45,7 +45,7 @@ class Breakdown:
     ``active`` (the apply; revert calls some of the same functions)."""
 
     # Each phase by its names, the first also its label: an earlier checkout's, then this
-    # one's where it differs (benchmarks/applysteps.py; scripts/device/applytime.sh times
+    # one's where it differs (benchmarks/harness/applysteps.py; scripts/device/applytime.sh times
     # other checkouts too).
     PHASES = (
         ("check_state_files",),

@@ -46,7 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from noisy_neighbor import Children, Gputuned, fingerprint, fingerprint_diff, percentile
+from harness.children import Children
+from harness.daemon import Gputuned
+from harness.figures import percentile
+from harness.host import fingerprint, fingerprint_diff
 
 from gputuned import errors
 from gputuned.kernel.live import LiveKernel

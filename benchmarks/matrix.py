@@ -7,16 +7,17 @@ and with gputuned, in paired blocks.
         [any option of noisy_neighbor.py: --shape server --order both --worker gpu --window 8
          --profile profiles/shared-host.toml ...]
 
-A thin driver over benchmarks/noisy_neighbor.py (its worker, noise, daemon handling, host
-checks, per-window figures and per-block ratios). A block is one noise kind: a clean window,
-then under the noise the untuned window, gputuned's window(s) (each start order with
-``--shape server --order both``) and, under heavy noise when ``pinned`` is asked for, the
-server pinned by hand (every thread on the CPUs the profile's rule gives it, at nice -10, no
-daemon), then a clean window again. The windows under noise take turns in adjacent windows and
-every other block runs them in reverse order; every ratio is to the mean of the block's own two
-clean windows, so the host's drift cancels. ``baseline`` is a block without noise (its
-"untuned" window is a second clean one: what drift alone does). The ``pinned`` scenario's
-gputuned windows are heavy's own: the same blocks, side by side with the hand-pinned window.
+A thin driver over the harness of noisy_neighbor.py (benchmarks/harness/: its worker, noise,
+daemon handling, host checks, per-window figures and per-block ratios). A block is one noise
+kind: a clean window, then under the noise the untuned window, gputuned's window(s) (each start
+order with ``--shape server --order both``) and, under heavy noise when ``pinned`` is asked
+for, the server pinned by hand (every thread on the CPUs the profile's rule gives it, at
+nice -10, no daemon), then a clean window again. The windows under noise take turns in adjacent
+windows and every other block runs them in reverse order; every ratio is to the mean of the
+block's own two clean windows, so the host's drift cancels. ``baseline`` is a block without
+noise (its "untuned" window is a second clean one: what drift alone does). The ``pinned``
+scenario's gputuned windows are heavy's own: the same blocks, side by side with the hand-pinned
+window.
 
 Per scenario and condition the summary has the median and [min-max] of the per-block ratios
 (tokens/s, p50, p99), p99 of all blocks' tokens pooled, run-queue delay and context switches
@@ -38,20 +39,33 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # noisy_neighbor beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness beside this file
 
-import noisy_neighbor as nn
+from harness.block import Block, Step, default_steps
+from harness.figures import add_ratios, public_window, summarize
+from harness.host import cpulist
+from harness.options import parse_args as nn_parse_args
+from harness.plot import plot
+from harness.repo import REPO
+from harness.run import run
+from harness.scenarios import (
+    GOAL_P99,
+    NEED,
+    NEED_HEAVY,
+    NOISE_OF,
+    SCENARIOS,
+    pooled_windows,
+    rows,  # noqa: F401  tests/unit/test_matrix.py reaches it here, as when this script held it
+    summarizer,
+    verdict,  # noqa: F401  the same
+)
 
-SCENARIOS = ("baseline", "cpu", "net", "disk", "heavy", "pinned")
-#: The noise kind each scenario's blocks run under (pinned: inside heavy's blocks).
-NOISE_OF = {"baseline": "none", "pinned": "heavy"}
-GOAL_TOK, GOAL_P99 = nn.GOAL_TOK, 1.05
-#: Blocks a verdict needs: under heavy noise (and pinned, in heavy's blocks), elsewhere.
-NEED_HEAVY, NEED = 6, 2
-#: Figures summarised per condition (medians over blocks).
-ABSOLUTE = ("tok_s", "p99_ms", "runq_ms_per_token", "invol_cs_per_1k", "vol_cs_per_1k")
+# The per-window figures that tests/unit/test_matrix.py reaches as ``mx.nn``, as when this
+# script imported noisy_neighbor.py as nn.
+nn = SimpleNamespace(add_ratios=add_ratios, summarize=summarize, _public=public_window)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -98,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     mine.scenarios = scenarios
     if mine.try_out:
         rest = ["--worker", "cpu", "--window", "0.6", "--warmup", "0.1", "--settle", "0.2", *rest]
-    nn_args = nn.parse_args([*rest, "--out", str(mine.out), "--rounds", str(mine.blocks)])
+    nn_args = nn_parse_args([*rest, "--out", str(mine.out), "--rounds", str(mine.blocks)])
     return mine, nn_args
 
 
@@ -108,8 +122,8 @@ def noise_kinds(scenarios: list[str]) -> list[str]:
 
 
 def block_steps(
-    kind: str, scenarios: list[str], base: list[nn.Step], pin: frozenset[int] | None, rnd: int
-) -> list[nn.Step]:
+    kind: str, scenarios: list[str], base: list[Step], pin: frozenset[int] | None, rnd: int
+) -> list[Step]:
     """The windows under ``kind``'s noise: untuned, gputuned's, pinned by hand (heavy, when the
     pinned scenario is asked for); every other block in reverse order, so that each condition
     comes as often before as after the others."""
@@ -119,7 +133,7 @@ def block_steps(
     return steps if rnd % 2 else list(reversed(steps))
 
 
-def estimate_s(args: argparse.Namespace, steps: list[nn.Step], server_start_s: float) -> float:
+def estimate_s(args: argparse.Namespace, steps: list[Step], server_start_s: float) -> float:
     """A block's length before one was measured: two clean windows, one per step, noise and
     daemon starts (about 6 s with the captures before and after), a fresh server per
     daemon-first step."""
@@ -131,10 +145,10 @@ def estimate_s(args: argparse.Namespace, steps: list[nn.Step], server_start_s: f
 
 def schedule(
     mine: argparse.Namespace, kinds: list[str], pin: frozenset[int] | None
-) -> Any:  # Callable[[ctx], Iterator[nn.Block]]
-    def blocks(ctx: dict[str, Any]) -> Iterator[nn.Block]:
+) -> Any:  # Callable[[ctx], Iterator[Block]]
+    def blocks(ctx: dict[str, Any]) -> Iterator[Block]:
         args, result = ctx["args"], ctx["result"]
-        base = nn.default_steps(args, bool(ctx["gputuned"]))
+        base = default_steps(args, bool(ctx["gputuned"]))
         took: dict[str, float] = {}
         result["skipped"] = []
         for rnd in range(1, mine.blocks + 1):
@@ -150,7 +164,7 @@ def schedule(
                     result["skipped"].append(note)
                     continue
                 t0 = time.monotonic()
-                yield nn.Block(ctx, kind, rnd, steps)
+                yield Block(ctx, kind, rnd, steps)
                 took[kind] = time.monotonic() - t0
 
     return blocks
@@ -166,7 +180,7 @@ def pin_cpus(mine: argparse.Namespace, args: argparse.Namespace) -> frozenset[in
         return frozenset(parse_cpulist(mine.pin_cpus))
     if "pinned" not in mine.scenarios:
         return None
-    profile = args.profile[0] if args.profile else nn.REPO / "profiles" / "shared-host.toml"
+    profile = args.profile[0] if args.profile else REPO / "profiles" / "shared-host.toml"
     rule = load_profile(profile).process[0]
     plan = subprocess.run(
         [sys.executable, "-m", "gputuned.cli", "plan", str(profile), "--json"],
@@ -175,7 +189,7 @@ def pin_cpus(mine: argparse.Namespace, args: argparse.Namespace) -> frozenset[in
         check=False,
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(nn.REPO), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
         },
     )
     try:
@@ -188,72 +202,7 @@ def pin_cpus(mine: argparse.Namespace, args: argparse.Namespace) -> frozenset[in
     return frozenset(parse_cpulist(cpus))
 
 
-# ---- the summary: per-block ratios -> medians, spreads, verdicts ------------------------------
-
-
-def condition_label(cond: str) -> str:
-    if cond == "noisy":
-        return "untuned"
-    if cond == "pinned":
-        return "pinned by hand"
-    parts = cond.split(":")  # tuned:PROFILE[:ORDER]
-    return "gputuned" + (f" ({parts[2].replace('-', ' ')})" if len(parts) > 2 else "")
-
-
-def verdict(tok: dict[str, float], p99: dict[str, float], need: int) -> str:
-    """Against the goal, on the medians of the per-block ratios."""
-    n = int(tok["n"])
-    if n < need:
-        return f"too few blocks ({n} < {need})"
-    misses = []
-    if tok["median"] < GOAL_TOK:
-        misses.append(f"tok/s {tok['median']:.3f}x < {GOAL_TOK}")
-    if p99["median"] > GOAL_P99:
-        misses.append(f"p99 {p99['median']:.3f}x > {GOAL_P99}")
-    return "not met: " + ", ".join(misses) if misses else "met"
-
-
-def rows(
-    summary: dict[str, dict[str, Any]], scenarios: list[str], need: int, need_heavy: int
-) -> list[dict[str, Any]]:
-    """One row per scenario and condition, from noisy_neighbor.summarize's per-noise figures."""
-    out = []
-    for scenario in scenarios:
-        conds = summary.get(NOISE_OF.get(scenario, scenario), {})
-        first = "pinned" if scenario == "pinned" else "noisy"
-        for cond in [first, *(c for c in conds if c.startswith("tuned"))]:
-            s = conds.get(cond)
-            if s is None:
-                continue
-            row: dict[str, Any] = {
-                "scenario": scenario,
-                "condition": condition_label(cond),
-                "window_condition": cond,
-                "blocks": s["tok_s_x"]["n"],
-                **{k: s[k] for k in ("tok_s_x", "p50_x", "p99_x")},
-                "p99_pooled_x": s["p99_pooled_x"],
-                **{k: s[k]["median"] for k in ABSOLUTE},
-                "neighbour_loss": {
-                    k.removeprefix("neighbour_loss_"): v["median"]
-                    for k, v in s.items()
-                    if k.startswith("neighbour_loss_") and cond != "noisy"
-                },
-            }
-            heavy = scenario in ("heavy", "pinned")
-            row["verdict"] = verdict(s["tok_s_x"], s["p99_x"], need_heavy if heavy else need)
-            out.append(row)
-    return out
-
-
-def summarizer(mine: argparse.Namespace) -> Any:
-    def summarize(windows: list[dict[str, Any]]) -> dict[str, Any]:
-        per_noise = nn.summarize(windows)
-        return {
-            "per_noise": per_noise,
-            "rows": rows(per_noise, mine.scenarios, mine.need, mine.need_heavy),
-        }
-
-    return summarize
+# ---- the output: a markdown table and the figure -----------------------------------------------
 
 
 def table(matrix_rows: list[dict[str, Any]]) -> str:
@@ -278,7 +227,8 @@ def table(matrix_rows: list[dict[str, Any]]) -> str:
 
 
 def figure(matrix_rows: list[dict[str, Any]], path: Path, title: str) -> str:
-    """noisy_neighbor's bars, one colour per condition, scenarios along the x axis."""
+    """The harness's bars (harness/plot.py), one colour per condition, scenarios along the x
+    axis."""
     series: dict[str, dict[str, Any]] = {}
     for w in matrix_rows:
         m = w["runq_ms_per_token"]  # a median over blocks: no whiskers
@@ -287,19 +237,7 @@ def figure(matrix_rows: list[dict[str, Any]], path: Path, title: str) -> str:
             "p99_x": w["p99_x"],
             "runq_ms_per_token": {"median": m, "min": m, "max": m},
         }
-    return nn.plot(series, path, title, goal_p99=GOAL_P99, legend="{}")
-
-
-def pooled_windows(paths: list[Path]) -> list[dict[str, Any]]:
-    """The windows of several runs' matrix.json, their rounds renamed RUN.ROUND so that blocks
-    of different runs stay apart, each with its tokens' latencies (``--keep-latencies``)."""
-    windows: list[dict[str, Any]] = []
-    for i, path in enumerate(paths, 1):
-        for w in json.loads(path.read_text())["windows"]:
-            if "lat_ms" not in w:
-                sys.exit(f"{path}: windows without their tokens; run with --keep-latencies")
-            windows.append({**w, "round": f"{i}.{w['round']}", "_lat": w["lat_ms"]})
-    return windows
+    return plot(series, path, title, goal_p99=GOAL_P99, legend="{}")
 
 
 def merge(mine: argparse.Namespace) -> int:
@@ -328,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"matrix: scenarios {', '.join(mine.scenarios)}; {mine.blocks} block(s) of noise kinds "
         f"{', '.join(kinds)}; {shape} worker; {args.window:g} s windows"
-        + (f"; pinned by hand on CPUs {nn._cpulist(sorted(pin))} at nice -10" if pin else "")
+        + (f"; pinned by hand on CPUs {cpulist(sorted(pin))} at nice -10" if pin else "")
     )
-    result = nn.run(args, kinds, schedule(mine, kinds, pin), "matrix", summarizer(mine))
+    result = run(args, kinds, schedule(mine, kinds, pin), "matrix", summarizer(mine))
     result["config"].update(scenarios=mine.scenarios, blocks=mine.blocks, try_out=mine.try_out)
     (args.out / "matrix.json").write_text(json.dumps(result, indent=1) + "\n")
     matrix_rows = result["summary"].get("rows", [])

@@ -8,7 +8,7 @@ this gathers the slices' rows (one per scenario, worker shape and condition: the
 [min-max] over paired blocks of the per-block ratios to clean, and the run-queue delay per
 token) from a data file into one markdown table (stdout) with the verdict against the goal
 (tokens/s >= 0.97x and p99 <= 1.05x of clean; >= 6 blocks under heavy noise, >= 2 elsewhere),
-and one figure, DIR/matrix-glance.png (noisy_neighbor.py's bars: tokens/s, p99, run-queue
+and one figure, DIR/matrix-glance.png (the harness's bars: tokens/s, p99, run-queue
 delay; one bar per condition, scenario and shape along the x axis).
 
 The data file names the run of every row; where a run's matrix.json files are kept beside the
@@ -26,9 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # matrix and noisy_neighbor beside
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the harness beside this file
 
-import matrix as mx
+from harness import scenarios
+from harness.plot import plain_png
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "dev" / "data" / "matrix-h200.json"
 SHAPES = ("single", "server")
@@ -56,7 +57,7 @@ def load(path: Path) -> dict[str, Any]:
         where = f"{path}: row {i}"
         if not isinstance(r, dict):
             sys.exit(f"{where}: not an object")
-        if r.get("scenario") not in mx.SCENARIOS or r["scenario"] == "pinned":
+        if r.get("scenario") not in scenarios.SCENARIOS or r["scenario"] == "pinned":
             sys.exit(f"{where}: scenario {r.get('scenario')!r} (pinned is a condition of heavy)")
         if r.get("shape") not in SHAPES or r.get("condition") not in CONDITIONS:
             sys.exit(f"{where}: shape {r.get('shape')!r} or condition {r.get('condition')!r}")
@@ -79,8 +80,10 @@ def spread(v: list[float], n: int) -> dict[str, float]:
 
 
 def verdict(r: dict[str, Any]) -> str:
-    need = mx.NEED_HEAVY if r["scenario"] == "heavy" else mx.NEED
-    return mx.verdict(spread(r["tok_s_x"], r["blocks"]), spread(r["p99_x"], r["blocks"]), need)
+    need = scenarios.NEED_HEAVY if r["scenario"] == "heavy" else scenarios.NEED
+    return scenarios.verdict(
+        spread(r["tok_s_x"], r["blocks"]), spread(r["p99_x"], r["blocks"]), need
+    )
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -104,7 +107,7 @@ def table(doc: dict[str, Any]) -> str:
 def figure(doc: dict[str, Any], path: Path, title: str) -> str:
     """Two panels, tokens/s and p99 as ratios to clean: one bar per condition, whiskers from
     the lowest to the highest block, scenario and worker shape along the x axis, the goal
-    dashed. Without matplotlib, noisy_neighbor.py's plain bars."""
+    dashed. Without matplotlib, the harness's plain bars."""
     series: dict[str, dict[str, Any]] = {}
     for r in doc["rows"]:
         series.setdefault(r["condition"], {})[f"{r['scenario']}\n{r['shape']}"] = {
@@ -116,14 +119,14 @@ def figure(doc: dict[str, Any], path: Path, title: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        mx.nn._plain_png(series, path)
+        plain_png(series, path)
         return "plain (matplotlib not installed: bars only, no labels)"
     groups = list(dict.fromkeys(g for s in series.values() for g in s))
     conds = [c for c in CONDITIONS if c in series]
     width = 0.8 / len(conds)
     panels = (
-        ("tok_s_x", "tokens/s (x clean)", mx.GOAL_TOK),
-        ("p99_x", "p99 (x clean)", mx.GOAL_P99),
+        ("tok_s_x", "tokens/s (x clean)", scenarios.GOAL_TOK),
+        ("p99_x", "p99 (x clean)", scenarios.GOAL_P99),
     )
     fig, axes = plt.subplots(2, 1, figsize=(15, 8), sharex=True)
     for ax, (key, label, goal) in zip(axes, panels, strict=True):
@@ -152,9 +155,11 @@ def figure(doc: dict[str, Any], path: Path, title: str) -> str:
 
 def recomputed(doc: dict[str, Any], base: Path, run: str) -> dict[tuple[str, str], Any]:
     """The rows of one run, from the windows of its kept matrix.json files."""
-    windows = mx.pooled_windows([base / name for name in doc.get("files", {}).get(run, [])])
-    ns = argparse.Namespace(scenarios=list(mx.SCENARIOS), need=mx.NEED, need_heavy=mx.NEED_HEAVY)
-    rows = mx.summarizer(ns)(windows)["rows"]
+    windows = scenarios.pooled_windows([base / name for name in doc.get("files", {}).get(run, [])])
+    ns = argparse.Namespace(
+        scenarios=list(scenarios.SCENARIOS), need=scenarios.NEED, need_heavy=scenarios.NEED_HEAVY
+    )
+    rows = scenarios.summarizer(ns)(windows)["rows"]
     return {(r["scenario"], r["condition"]): r for r in rows}
 
 

@@ -3,7 +3,7 @@
 
 The noisy-neighbour benchmark (noisy_neighbor.py) compares whole profiles through the daemon.
 This script varies one thing at a time around shared-host.toml's partition, in one interleaved
-run, with the same worker, noise and figures (imported from noisy_neighbor.py):
+run, with the same worker, noise and figures (benchmarks/harness/, as noisy_neighbor.py):
 
     clean             nothing running beside the worker
     noisy             noise on, nothing done
@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import noisy_neighbor as nn
+from harness.block import Block
+from harness.children import Children
+from harness.daemon import check_untuned, isolated_profile
+from harness.figures import add_ratios
+from harness.host import allowed_cpus, fingerprint, fingerprint_diff
+from harness.noise import Noise, default_noise_counts
+from harness.options import parse_args
+from harness.repo import REPO
+from harness.worker import Worker
 
 WORKER_RE = r"noisy_neighbor\.py --role worker"
 KEEPER = (
@@ -70,13 +78,11 @@ def cgroup_of(pid: int) -> str:
 
 
 class Variants:
-    def __init__(self, args: argparse.Namespace, worker: nn.Worker, children: nn.Children):
+    def __init__(self, args: argparse.Namespace, worker: Worker, children: Children):
         self.args, self.worker, self.children = args, worker, children
         self.ctx = {"args": args, "worker": worker}
         work = Path(tempfile.mkdtemp(prefix="variants-"))
-        self.profiles = [
-            nn.isolated_profile(Path(p), work, cmdline=WORKER_RE) for p in args.profile
-        ]
+        self.profiles = [isolated_profile(Path(p), work, cmdline=WORKER_RE) for p in args.profile]
         # isolated_profile names its output after the input: keep the names apart.
         assert len({p.name for p in self.profiles}) == len(self.profiles), "profile names repeat"
 
@@ -84,10 +90,10 @@ class Variants:
         return 3 + len(self.profiles) * (2 if self.args.halt_test else 1)
 
     def block(self, kind: str, rnd: int, counts: dict[str, int], disk_dir: str) -> list[Any]:
-        b = nn.Block(self.ctx, kind, rnd)
+        b = Block(self.ctx, kind, rnd)
         settle = self.args.settle
         b.measure("clean")
-        noise = nn.Noise(self.children, kind, counts, disk_dir)
+        noise = Noise(self.children, kind, counts, disk_dir)
         noise.start(self.n_windows() * (self.args.window + self.args.warmup + settle + 2) + 60)
         b.noise = noise
         try:
@@ -109,10 +115,10 @@ class Variants:
             noise.stop()
         time.sleep(settle)
         b.measure("clean-again")
-        nn.add_ratios(b.windows)
+        add_ratios(b.windows)
         return b.windows
 
-    def nice(self, b: nn.Block) -> None:
+    def nice(self, b: Block) -> None:
         pid = self.worker.pid
         old = {t: os.getpriority(os.PRIO_PROCESS, t) for t in threads(pid)}
         try:
@@ -125,8 +131,8 @@ class Variants:
                 with contextlib.suppress(ProcessLookupError):
                     os.setpriority(os.PRIO_PROCESS, t, n)
 
-    def poll(self, b: nn.Block, name: str) -> None:
-        cpus = nn._allowed_cpus(self.worker.pid)
+    def poll(self, b: Block, name: str) -> None:
+        cpus = allowed_cpus(self.worker.pid)
         files = [
             Path(f"/sys/devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us") for c in cpus
         ]
@@ -145,12 +151,12 @@ class Variants:
             for f, v in old.items():
                 f.write_text(v)
 
-    def keep(self, b: nn.Block, name: str) -> None:
+    def keep(self, b: Block, name: str) -> None:
         pid = self.worker.pid
         cg = cgroup_of(pid)
         procs = []
         try:
-            for cpu in nn._allowed_cpus(pid):
+            for cpu in allowed_cpus(pid):
                 p = self.children.start([sys.executable, "-c", KEEPER])
                 procs.append(p)
                 Path(f"/sys/fs/cgroup{cg}/cgroup.procs").write_text(str(p.pid))
@@ -182,29 +188,29 @@ def main() -> int:
     )
     ap.add_argument("--worker", choices=("auto", "gpu", "cpu"), default="auto")
     args = ap.parse_args()
-    args.profile = args.profile or [str(nn.REPO / "profiles/shared-host.toml")]
+    args.profile = args.profile or [str(REPO / "profiles/shared-host.toml")]
     if os.geteuid() != 0:
         print("placement_variants.py: needs root (it applies a profile)", file=sys.stderr)
         return 2
     from gputuned.kernel.live import LiveKernel
 
-    nn.check_untuned(LiveKernel())
+    check_untuned(LiveKernel())
     args.out.mkdir(parents=True, exist_ok=True)
-    counts = nn.default_noise_counts()
+    counts = default_noise_counts()
     disk_dir = tempfile.mkdtemp(prefix="variants-disk-", dir="/var/tmp")
-    children = nn.Children()
+    children = Children()
     windows: list[dict[str, Any]] = []
     try:
-        opts = nn.parse_args(["--role", "worker", "--worker", args.worker, "--token-ms", "2.0"])
-        worker = nn.Worker(children, opts)
+        opts = parse_args(["--role", "worker", "--worker", args.worker, "--token-ms", "2.0"])
+        worker = Worker(children, opts)
         print(f"worker: {worker.info.get('desc')}", flush=True)
-        before = nn.fingerprint(worker.pid)
+        before = fingerprint(worker.pid)
         v = Variants(args, worker, children)
         kinds = args.noise.split(",")
         for rnd in range(1, args.rounds + 1):
             for kind in kinds if rnd % 2 else kinds[::-1]:
                 windows += v.block(kind, rnd, counts, disk_dir)
-        diff = nn.fingerprint_diff(before, nn.fingerprint(worker.pid))
+        diff = fingerprint_diff(before, fingerprint(worker.pid))
         worker.close()
     finally:
         children.stop_all()

@@ -39,21 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import daemon_trace
-from noisy_neighbor import (
-    NOISE_PARTS,
-    REPO,
-    Children,
-    Gputuned,
-    Noise,
-    add_noise_args,
-    fingerprint,
-    fingerprint_diff,
-    fs_type,
-    isolated_profile,
-    noise_counts,
-    percentile,
-)
+from harness import trace
+from harness.children import Children
+from harness.daemon import Gputuned, isolated_profile
+from harness.figures import percentile
+from harness.host import fingerprint, fingerprint_diff, fs_type
+from harness.noise import NOISE_PARTS, Noise, add_noise_args, noise_counts
+from harness.repo import REPO
 
 from gputuned import errors
 from gputuned.kernel import Kernel
@@ -382,11 +374,11 @@ def main() -> int:
         shutil.rmtree(disk_dir, ignore_errors=True)
     result["daemon_log"] = str(work / "daemon.log")
     if args.breakdown:
-        trace = work / "trace.jsonl"
-        result["trace"] = str(trace)
-        records = daemon_trace.load(trace)
+        trace_file = work / "trace.jsonl"
+        result["trace"] = str(trace_file)
+        records = trace.load(trace_file)
         for ex in result["exec_to_placed"].values():
-            ex["breakdown"] = daemon_trace.breakdown(ex["runs"], records)
+            ex["breakdown"] = trace.breakdown(ex["runs"], records)
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -514,7 +506,7 @@ def report(r: dict[str, Any]) -> None:
             f"{ex['after_exec_ms']['p50']} ms, p99 {ex['after_exec_ms']['p99']} ms"
         )
         if "breakdown" in ex:
-            print("\n".join(daemon_trace.show(ex["breakdown"])))
+            print("\n".join(trace.show(ex["breakdown"])))
     print(
         f"daemon stop: exit {r['stop']['exit_status']}, journal entries left "
         f"{r['stop']['journal_entries_left']}; processes left: {len(r['leftover_pids'])}; "

@@ -13,8 +13,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def load(name: str, *, register: bool = False) -> ModuleType:
     """``benchmarks/NAME.py`` as a fresh module. Its folder goes on ``sys.path``, as when it
-    runs (matrix.py imports noisy_neighbor beside it); ``register`` also puts it in
-    ``sys.modules`` under NAME (dataclasses look their module up there)."""
+    runs (the scripts import the harness beside them, benchmarks/harness/); ``register`` also
+    puts it in ``sys.modules`` under NAME (dataclasses look their module up there)."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")

@@ -6,6 +6,7 @@ run does not use are started on their own with a deadline, to show they end by t
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import struct
@@ -269,3 +270,70 @@ def test_neighbours_curve_from_a_run_summary(tmp_path: Path) -> None:
         ("12", True),
         ("none", True),
     ]
+
+
+# ---- the layout: scripts over a harness (issue 29, step 5) -----------------------------------
+
+HARNESS = REPO / "benchmarks" / "harness"
+
+
+def bench_imports() -> dict[str, set[str]]:
+    """Per module of benchmarks/ (a script by its file name, ``harness`` and ``harness.NAME``),
+    the modules of benchmarks/ it imports anywhere in it, lazy imports in functions included."""
+    scripts = {p.stem: p for p in (REPO / "benchmarks").glob("*.py")}
+    lib = {"harness": HARNESS / "__init__.py"} if HARNESS.is_dir() else {}
+    lib |= {f"harness.{p.stem}": p for p in HARNESS.glob("*.py") if p.stem != "__init__"}
+    known = scripts.keys() | lib.keys()
+    out: dict[str, set[str]] = {}
+    for name, path in (scripts | lib).items():
+        got: set[str] = set()
+        package = "harness" if name in lib else ""
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                got |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: only the harness is a package
+                    base = ".".join(filter(None, [package, base]))
+                got.add(base)
+                got |= {f"{base}.{a.name}" for a in node.names}
+        out[name] = {m for m in got if m in known and m != name}
+    return out
+
+
+def test_no_script_imports_another_script() -> None:
+    """Each benchmark script stands on the harness alone: one script imported by another
+    (noisy_neighbor.py by six) ran its module code and tied the two together."""
+    graph = bench_imports()
+    scripts = {m for m in graph if not m.startswith("harness")}
+    assert {m: sorted(graph[m] & scripts) for m in sorted(scripts) if graph[m] & scripts} == {}
+
+
+def test_the_harness_imports_no_script() -> None:
+    graph = bench_imports()
+    lib = sorted(m for m in graph if m.startswith("harness."))
+    assert lib, "benchmarks/harness/ holds the shared machinery"
+    assert {m: sorted(s for s in graph[m] if not s.startswith("harness")) for m in lib} == {
+        m: [] for m in lib
+    }
+
+
+def test_no_import_cycle_among_benchmark_modules() -> None:
+    """noisy_neighbor.py and server_shape.py imported each other (lazily, both ways)."""
+    graph = bench_imports()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append([*path[path.index(n) :], n])
+            elif n not in state:
+                visit(n, [*path, n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []

@@ -1,4 +1,4 @@
-"""The server-shaped worker of noisy_neighbor.py (``--shape server``): two processes, as vLLM.
+"""The server-shaped worker (noisy_neighbor.py ``--shape server``): two processes, as vLLM.
 
 vLLM V1's API server does the CPU work of each request (tokenising the prompt, detokenising
 each token it streams back) and starts EngineCore, the process that drives the GPU, with
@@ -10,7 +10,7 @@ with setproctitle. Here:
 - the *engine* with ``multiprocessing.get_context("spawn")``: its command line is spawn's own
   (``python3 -c from multiprocessing.spawn import spawn_main; ...``); it renames itself
   ``NN::EngineCore`` (/proc/self/comm, as setproctitle does) and decodes token by token with
-  one host sync per token (the GPU model of noisy_neighbor.py, or its CPU stand-in), sending
+  one host sync per token (the GPU model of harness/tokens.py, or its CPU stand-in), sending
   each token to the API as it is made. It starts no process of its own. The first spawn also
   starts Python's resource tracker: one more child of the API process.
 
@@ -19,13 +19,12 @@ arrives (API). The API measures what a client would: the gap between consecutive
 request (``lat_ms``; the first token's wait, tokenising and prefill, is ``ttft_ms``), and the
 run-queue delay and context switches of both processes' threads.
 
-The API speaks noisy_neighbor's worker protocol on stdin/stdout (one JSON line per request),
-so the rest of the benchmark measures it as it measures the single-process worker.
+The API speaks the worker protocol of harness/worker.py on stdin/stdout (one JSON line per
+request), so the rest of the benchmark measures it as it measures the single-process worker.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing as mp
 import os
@@ -33,9 +32,11 @@ import statistics
 import struct
 import sys
 import time
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
+
+from harness import tokens as tok
 
 #: One token from the engine: request number, token number, host time of the step (ns).
 _TOKEN = struct.Struct("=IIQ")
@@ -91,27 +92,8 @@ def size_prompt(vocab: dict[str, int], api_ms: float, chars: int | None = None) 
 
 def engine_main(conn: Connection, kind: str, token_ms: float, steps: int | None) -> None:
     """Decode on request; stream one message per token. Runs in the spawned child."""
-    from pathlib import Path
-
     Path("/proc/self/comm").write_text("NN::EngineCore")  # what setproctitle does to comm
-    import noisy_neighbor as nn
-
-    tokens: Iterator[float] | None = None
-    info: dict[str, Any] = {}
-    note = ""
-    if kind in ("auto", "gpu"):
-        try:
-            tokens, info = nn._gpu_tokens()
-        except Exception as exc:
-            if kind == "gpu":
-                raise
-            note = f"no GPU worker ({type(exc).__name__}: {exc}); using the CPU stand-in"
-    if tokens is None:
-        tokens, info = nn._cpu_tokens(token_ms, steps)
-    for _ in range(2 * nn.SEQ_TOKENS + 1 if info["worker"] == "gpu" else 100):
-        next(tokens)
-    gc.collect()
-    gc.freeze()
+    tokens, info, note = tok.start(kind, token_ms, steps)
     conn.send({**info, "note": note, "pid": os.getpid()})
     while True:
         req = conn.recv()
@@ -136,9 +118,6 @@ class Api:
         steps: int | None = None,
         chars: int | None = None,
     ) -> None:
-        import noisy_neighbor as nn
-
-        self.nn = nn
         self.vocab = _vocab()
         self.prompt = size_prompt(self.vocab, api_ms, chars)
         self.n = tokens
@@ -208,25 +187,19 @@ class Api:
 
 
 def _counters(pids: list[int]) -> dict[int, Any]:
-
-    from gputuned.kernel.live import LiveKernel
-    from gputuned.kernel.sampling import sample_process
-
-    return {pid: sample_process(LiveKernel(), pid) for pid in pids}
+    return {pid: tok.counters(pid) for pid in pids}
 
 
 def _deltas(a: dict[int, Any], b: dict[int, Any]) -> dict[str, int]:
-    import noisy_neighbor as nn
-
     out = {"wait_ns": 0, "run_ns": 0, "invol": 0, "vol": 0}
     for pid, after in b.items():
-        for k, v in nn._counter_deltas(a[pid], after).items():
+        for k, v in tok.counter_deltas(a[pid], after).items():
             out[k] += v
     return out
 
 
 def role_api(args: Any) -> None:
-    """noisy_neighbor's worker protocol: a ready line, then one answer per window request.
+    """The worker protocol: a ready line, then one answer per window request.
     ``args``: noisy_neighbor.py's options (--worker, --token-ms, --api-ms, --request-tokens)."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
