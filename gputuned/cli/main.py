@@ -56,11 +56,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- install-system / uninstall-system (gputuned/cli/install.py) ---------------------------------
+# ---- install-system / uninstall-system (gputuned/install/) ---------------------------------------
 
 
 def cmd_install_system(args: argparse.Namespace) -> int:
-    from gputuned.cli.install import find_gputuned, install_system, render
+    from gputuned.cli.install import render
+    from gputuned.install.system import find_gputuned, install_system
 
     report = install_system(
         root.open_kernel(args.prefix), exe=find_gputuned(), dry_run=args.dry_run
@@ -73,7 +74,8 @@ def cmd_install_system(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall_system(args: argparse.Namespace) -> int:
-    from gputuned.cli.install import render, uninstall_system
+    from gputuned.cli.install import render
+    from gputuned.install.system import uninstall_system
 
     report = uninstall_system(root.open_kernel(args.prefix), dry_run=args.dry_run)
     if args.json:
@@ -102,7 +104,7 @@ def _add_install_commands(sub: Any) -> None:
 # ---- end of install-system / uninstall-system --------------------------------------------------
 
 
-# ---- top (gputuned/cli/top.py) ------------------------------------------------------------------
+# ---- top (gputuned/watch/top.py) ------------------------------------------------------------------
 
 
 def cmd_top(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@
     gputunectl trial A B --metric 'http://127.0.0.1:8000/metrics#vllm:time_per_output_token_seconds'
     gputunectl trial A B --rule "B wins if better in >= 8 of 10 pairs and median gain >= 3%"
 
-The loop and the verdict are gputuned/engine/trial.py. Here: the two sides, how a side is
+The loop and the verdict are gputuned/trial/windows.py. Here: the two sides, how a side is
 applied (through the daemon's control socket when one runs, else a one-shot apply, the same
 as ``gputunectl apply``), what a window measures, and the host's start, which the run ends on
 when there is no winner, on Ctrl-C and on an error: the profile that was active (applied
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 from gputuned import errors, root
 from gputuned.cli.args import add_json, add_root, print_json
 from gputuned.cli.render import console, shown
-from gputuned.cli.trialmeter import meter
-from gputuned.engine.trial import Pair, Rule, Trial, Verdict, parse_rule, run_trial
 from gputuned.kernel import Kernel
+from gputuned.trial.meter import meter
+from gputuned.trial.windows import Pair, Rule, Trial, Verdict, parse_rule, run_trial
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile

@@ -119,7 +119,7 @@ class Daemon(Keeper):
             log.info("daemon: event thread at SCHED_FIFO %d", priority)
 
     def _set_up_metrics(self, cfg: DaemonConfig) -> None:
-        from gputuned.engine.metrics import daemon_metrics
+        from gputuned.watch.exposition import daemon_metrics
 
         try:
             self.metrics = MetricsServer(

@@ -1,6 +1,6 @@
 """The machine side of ``gputunectl install-system``: package data, files, and systemd's tools.
 
-Kept here because :mod:`gputuned.cli.install` decides *what* to install and may not touch the
+Kept here because :mod:`gputuned.install.system` decides *what* to install and may not touch the
 machine itself: every file it reads or writes goes through the kernel port's root (so ``--prefix DIR``
 installs into a tree exactly as ``/`` would), and the programs it runs go through
 :func:`run_tool`.

@@ -1,5 +1,5 @@
 """One HTTP GET of a server's metrics under one deadline (``gputunectl trial``'s reading of a
-Prometheus endpoint: gputuned/service/promscrape.py).
+Prometheus endpoint: gputuned/trial/scrape.py).
 
 The server is another program, and on a shared host perhaps not the one meant; so:
 

@@ -151,8 +151,8 @@ def test_a_local_endpoint_is_read_only_from_the_servers_user_or_root() -> None:
     """Another local user listening where the server's endpoint should be is refused before
     anything is read (issue 30, item 5): the owner is the kernel's, by NETLINK_SOCK_DIAG."""
     from gputuned import errors
-    from gputuned.cli.trialmeter import server_uids
-    from gputuned.service.promscrape import parse_target, scrape
+    from gputuned.trial.meter import server_uids
+    from gputuned.trial.scrape import parse_target, scrape
     from tests.localuser import NoUser, local_user
 
     try:

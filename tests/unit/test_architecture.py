@@ -35,7 +35,10 @@ ROOMS = (
     "tuners",
     "engine",
     "service",
+    "watch",
     "daemon",
+    "trial",
+    "install",
     "cli",
 )
 

@@ -12,7 +12,7 @@ import pytest
 
 from gputuned import errors
 from gputuned.cli import main as cli
-from gputuned.cli.install import (
+from gputuned.install.system import (
     PROFILES_DIR,
     RECORD,
     RULE,

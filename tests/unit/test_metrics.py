@@ -20,7 +20,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gputuned import errors
-from gputuned.engine.metrics import Exposition, add_verify, daemon_metrics, escape_label
 from gputuned.engine.verify import DRIFTED, NOT_POSSIBLE, PASSED, PENDING, Line, VerifyReport
 from gputuned.service.httpmetrics import (
     CONTENT_TYPE,
@@ -30,6 +29,7 @@ from gputuned.service.httpmetrics import (
     MetricsServer,
 )
 from gputuned.service.loop import Loop
+from gputuned.watch.exposition import Exposition, add_verify, daemon_metrics, escape_label
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process
 from tests.faults import tree_kernel

@@ -21,11 +21,11 @@ import pytest
 from gputuned.daemon import core, placing
 from gputuned.daemon.core import Daemon
 from gputuned.engine.journal import Journal
-from gputuned.engine.metrics import daemon_metrics
 from gputuned.engine.plan import read_context
 from gputuned.kernel.proc import read_process
 from gputuned.service.control import PeerCred
 from gputuned.service.procwatch import ProcEvent
+from gputuned.watch.exposition import daemon_metrics
 from tests.fakeproc import add_thread, remove_process, remove_thread
 from tests.faults import FaultKernel, tree_kernel
 from tests.unit import test_process_tree_spread as spread

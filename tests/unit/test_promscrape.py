@@ -19,7 +19,7 @@ import pytest
 
 from gputuned import errors
 from gputuned.cli.main import main
-from gputuned.service.promscrape import parse_target, scrape
+from gputuned.trial.scrape import parse_target, scrape
 
 ME = os.geteuid()
 OK = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n"
@@ -128,7 +128,7 @@ def test_an_error_status_is_an_error() -> None:
 
 
 def test_more_than_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputuned.service import promscrape
+    from gputuned.trial import scrape as promscrape
 
     monkeypatch.setattr(promscrape, "MAX_BYTES", 1000)
     big = plain(b"x 1\n" + b"#" * 5000 + b"\n")
@@ -183,7 +183,7 @@ def test_a_local_socket_whose_owner_the_kernel_does_not_say_is_not_read(
 def test_trial_stops_on_a_scrape_past_its_deadline_and_says_its_values_were_not_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gputuned.service import promscrape
+    from gputuned.trial import scrape as promscrape
     from tests.unit.test_apply import PROFILES, digest, tree_copy
 
     monkeypatch.setattr(promscrape, "DEADLINE_S", 0.5)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from gputuned.daemon.core import Daemon
-from gputuned.engine.metrics import daemon_metrics
 from gputuned.engine.plan import plan_profile
 from gputuned.engine.verify import SELF_BOUND, VerifyReport
 from gputuned.kernel.proc import read_process
 from gputuned.profile.load import load_profile
 from gputuned.service.control import PeerCred
 from gputuned.tuners.selfbind import MAX_TOKENS, binds_itself
+from gputuned.watch.exposition import daemon_metrics
 from tests.faults import tree_kernel
 from tests.unit.test_apply import tree_copy
 from tests.unit.test_daemon import profile_file

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gputuned.cli.install import rewrite_exec_start
+from gputuned.install.system import rewrite_exec_start
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd/gputuned.service"

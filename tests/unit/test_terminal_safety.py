@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from gputuned.cli import main as cli
-from gputuned.cli.top import Target, compute_rows, render, take_snapshot
+from gputuned.cli.top import render
 from gputuned.textsafe import printable
+from gputuned.watch.top import Target, compute_rows, take_snapshot
 from tests.fakeproc import add_process
 from tests.faults import tree_kernel
 from tests.unit.test_apply import PROFILES, SERVER_UID, tree_copy

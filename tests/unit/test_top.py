@@ -15,10 +15,11 @@ import pytest
 
 from gputuned import errors
 from gputuned.cli.main import main
-from gputuned.cli.top import Target, compute_rows, find_targets, run_top, take_snapshot
+from gputuned.cli.top import run_top
 from gputuned.kernel.sampling import read_irq_counts, sample_process
 from gputuned.profile.load import load_profile
 from gputuned.service.control import ControlServer, PeerCred
+from gputuned.watch.top import Target, compute_rows, find_targets, take_snapshot
 from tests.conftest import TREES_DIR
 from tests.fakeproc import add_process, add_user
 from tests.faults import tree_kernel

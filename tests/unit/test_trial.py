@@ -11,8 +11,8 @@ import pytest
 
 from gputuned import errors
 from gputuned.cli.main import main
-from gputuned.engine.trial import Pair, Rule, Trial, gain, judge, order, parse_rule, run_trial
-from gputuned.service.promscrape import parse_target, read_family
+from gputuned.trial.scrape import parse_target, read_family
+from gputuned.trial.windows import Pair, Rule, Trial, gain, judge, order, parse_rule, run_trial
 from tests.unit.test_apply import PROFILES, digest, tree_copy
 
 

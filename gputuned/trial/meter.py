@@ -1,6 +1,6 @@
 """What a window of ``gputunectl trial`` measures (gputuned/cli/trial.py says which to choose):
 the run-queue delay of the placed processes, their CPU time per unit of the server's work, or
-one metric of the server's Prometheus endpoint (gputuned/service/promscrape.py)."""
+one metric of the server's Prometheus endpoint (gputuned/trial/scrape.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def meter(
     A metric of the server's endpoint is read only from a socket of the measured processes'
     users or root; before the first apply (the reading that tells a histogram from a counter),
     the measured processes are ``first_pids()``."""
-    from gputuned.service.promscrape import Reading, Target, parse_target, scrape
+    from gputuned.trial.scrape import Reading, Target, parse_target, scrape
 
     def read(target: Target, pids: list[int]) -> Reading:
         try:
