@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 Units = list[frozenset[int]]
 
 
-def _union(parts: Units | list[frozenset[int]]) -> frozenset[int]:
+def _union(parts: Units) -> frozenset[int]:
     return frozenset().union(*parts)
 
 
@@ -68,6 +68,15 @@ class _Resolver:
 
     def _plain(self, name: str, spec: CpuSetSpec, drop: frozenset[int]) -> frozenset[int]:
         base = self._base(name, spec)
+        cpus = self._pick(name, spec, base, drop)
+        if spec.cpus is not None:
+            self._split_core_note(name, base)
+        return cpus
+
+    def _pick(
+        self, name: str, spec: CpuSetSpec, base: frozenset[int], drop: frozenset[int]
+    ) -> frozenset[int]:
+        """The whole cores of ``base`` outside ``drop``, capped and cut to count or cores."""
         pool = [u for u in self.host.units(base) if not u & drop]
         if base and not pool:
             self.empty_why[name] = (
@@ -76,8 +85,6 @@ class _Resolver:
         pool, _ = self._cap(pool, spec)
         picked = _take(pool, spec)
         self._short(name, spec, picked, "")
-        if spec.cpus is not None:
-            self._split_core_note(name, base)
         return _union(picked)
 
     def _per_node(self, name: str, spec: CpuSetSpec, drop: frozenset[int]) -> frozenset[int]:
@@ -107,15 +114,7 @@ class _Resolver:
                 )
                 return frozenset()
             self.notes.append(f"cpusets.{name}: no GPU on this host; using all online CPUs")
-            pool, _ = self._cap([u for u in host.units(host.online) if not u & drop], spec)
-            if not pool and host.online:
-                self.empty_why[name] = (
-                    f"excluding {_and_list(spec.exclude)} leaves none of "
-                    f"{format_cpulist(host.online)}"
-                )
-            picked = _take(pool, spec)
-            self._short(name, spec, picked, "")
-            return _union(picked)
+            return self._pick(name, spec, host.online, drop)
         # GPUs whose local CPUs are the same (a NUMA node's) divide them, in GPU order. The
         # narrowest groups go first: a GPU whose firmware gives no NUMA node (numa_node -1,
         # every CPU local) must not take a node's cores from the GPUs that sit there.
@@ -289,13 +288,12 @@ def _take(pool: Units, spec: CpuSetSpec) -> Units:
 
 
 def _cores_for(count: int, pool: Units) -> int:
-    got = n = 0
-    for unit in pool:
+    got = 0
+    for n, unit in enumerate(pool):
         if got >= count:
-            break
+            return n
         got += len(unit)
-        n += 1
-    return n
+    return len(pool)
 
 
 def _sizes_text(sizes: list[int]) -> str:
