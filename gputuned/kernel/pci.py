@@ -162,9 +162,6 @@ class PciTopology:
     def gpus(self) -> list[PciDevice]:
         return [d for d in self.devices.values() if d.is_gpu]
 
-    def pcie_functions(self) -> list[PciDevice]:
-        return [d for d in self.devices.values() if d.config.pcie is not None]
-
     def reported_functions(self) -> list[PciDevice]:
         """What ``inspect --all`` lists: every PCIe function, and every function whose config
         space could not be read in full (it may be one; what it is cannot be told)."""

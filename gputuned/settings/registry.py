@@ -84,11 +84,6 @@ def held(kernel: Kernel, ch: Change) -> bool:
         return False
 
 
-def read_old(kernel: Kernel, op: Op) -> str:
-    """The current value, in the form ``write`` takes to put it back exactly."""
-    return setting(op.kind).read(kernel, op)
-
-
 def write(kernel: Kernel, op: Op, value: str) -> None:
     """Put ``value`` in place. Process ops check identity first."""
     setting(op.kind).write(kernel, op, value)

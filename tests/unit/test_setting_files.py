@@ -30,7 +30,6 @@ from gputuned.settings.registry import (
     not_possible,
     of_change,
     placement_kinds,
-    read_old,
     setting,
     settings,
     start_write,
@@ -60,6 +59,11 @@ def sysfs(path: str, value: str = "", compare: str = "text") -> Op:
 
 def irq(n: int | str, value: str = "", compare: str = "cpulist") -> Op:
     return sysfs(f"/proc/irq/{n}/smp_affinity_list", value, compare)
+
+
+def read_old(kernel: FaultKernel, op: Op) -> str:
+    """The current value, in the form ``write`` takes to put it back exactly."""
+    return setting(op.kind).read(kernel, op)
 
 
 def failure(host: FaultKernel, op: Op, how: str, code: int) -> errors.GputunedError:
