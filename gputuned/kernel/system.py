@@ -10,12 +10,11 @@ from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.kernel import Kernel
 from gputuned.kernel.irqs import DEFAULT_AFFINITY, read_affinity
 from gputuned.kernel.nvml import NvmlGpu
-from gputuned.kernel.pci import PciTopology
+from gputuned.kernel.pci import DEVICES, PciTopology
 from gputuned.kernel.topology import GpuRef, HostCpus
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
-PCI_DEVICES = "/sys/bus/pci/devices"
 CGROUP_MNT = "/sys/fs/cgroup"
 
 
@@ -84,11 +83,11 @@ def read_irq_nodes(kernel: Kernel) -> dict[int, int]:
     attributes only, without config space."""
     out: dict[int, int] = {}
     try:
-        names = kernel.listdir(PCI_DEVICES)
+        names = kernel.listdir(DEVICES)
     except errors.TargetGone:
         return out
     for bdf in sorted(names):
-        base = f"{PCI_DEVICES}/{bdf}"
+        base = f"{DEVICES}/{bdf}"
         node = kernel.read_optional(f"{base}/numa_node")
         if node is None or not node.strip().lstrip("-").isdigit() or int(node) < 0:
             continue
