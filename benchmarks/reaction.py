@@ -88,7 +88,7 @@ class Wanted:
 def wanted_placement(profile: Profile, argv: list[str]) -> tuple[str, Wanted]:
     """The rule that matches the probe, and what it makes of a process (as the daemon plans)."""
     from gputuned.engine.plan import read_context
-    from gputuned.tuners.proctree import matches
+    from gputuned.tuners.procmatch import matches
 
     me = os.geteuid()
     fake = ProcInfo(0, 0, Path(argv[0]).name[:15], argv[0], " ".join(argv), "", (), uid=me, euid=me)

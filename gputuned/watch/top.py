@@ -126,7 +126,8 @@ def _rule_targets(kernel: Kernel) -> Targets:
     from gputuned.profile.load import parse_profile
     from gputuned.store.state import ACTIVE
     from gputuned.tuners.gpuuse import gpu_use
-    from gputuned.tuners.proctree import ClaimInput, claim, journal_key, readers
+    from gputuned.tuners.procmatch import ClaimInput
+    from gputuned.tuners.proctree import claim, journal_key, readers
 
     active = read_active(kernel)
     if active is None:
