@@ -13,7 +13,7 @@ from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import PARTITION_MODES
 from gputuned.profile.messages import Problems, key_path, or_list
-from gputuned.profile.tables.process import owner_key
+from gputuned.profile.tables.processmatch import owner_key
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile

@@ -13,7 +13,8 @@ from gputuned.tuners.cmdmatch import SEARCHES
 
 if TYPE_CHECKING:
     from gputuned.kernel.proc import ProcInfo
-    from gputuned.profile.tables.process import Config, Exclude, Match
+    from gputuned.profile.tables.process import Config
+    from gputuned.profile.tables.processmatch import Exclude, Match
     from gputuned.tuners.context import Claim
 
 
