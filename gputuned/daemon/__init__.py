@@ -10,7 +10,7 @@ then tell systemd READY=1 with a STATUS= line. Then, in one single-threaded loop
   the kernel's saved DevCtl, or new IRQ numbers);
 - every ``[daemon] drift_interval_s``: everything applied is re-read and drift repaired;
 - the control socket (gputunectl status, verify, top; apply, revert, register, unregister: root
-  or [daemon] admin_group only; see gputuned/service/controlproto.py);
+  or [daemon] admin_group only; docs/usage.md has its protocol);
 - WATCHDOG=1 at half of WatchdogSec=;
 - SIGHUP re-reads the profile and applies only the difference; SIGTERM/SIGINT: STOPPING=1,
   revert everything, exit 0. SIGUSR2 stops the watchdog pings (to test watchdog recovery).

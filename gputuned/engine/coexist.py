@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from gputuned.kernel import Kernel, tuned
+from gputuned.userdocs import cite
 
 if TYPE_CHECKING:
     from gputuned.kernel.proc import ProcInfo
@@ -42,7 +43,7 @@ def tuned_notes(kernel: Kernel, processes: Iterable[ProcInfo]) -> list[str]:
             f"({', '.join(active.touches)}); {running}. It and gputuned would undo each "
             "other's work: switch TuneD to a profile that leaves them alone (tuned-adm "
             "profile throughput-performance), or take those keys out of its profile "
-            "(docs/coexistence.md, TuneD)"
+            f"({cite('coexistence.md')}, TuneD)"
         )
     if active.missing:
         notes.append(

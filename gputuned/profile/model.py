@@ -9,7 +9,7 @@ Includes: `include = ["base.toml"]` loads those files first (paths relative to t
 file, beside it or below its folder: not absolute, no `..`), then this file's keys override
 theirs. An entry without `.toml` and without `/` (`include = ["shared-host"]`) is a profile's
 name instead, looked up like `gputunectl plan NAME`: /etc/gputuned/profiles, then the shipped
-profiles (gputuned/store/profiledirs.py); never the including file itself, so a user profile
+profiles (`gputunectl list` names both folders); never the including file itself, so a user profile
 named like a shipped one can include it and override a few keys. Tables are merged key by key, except that a set
 under `[cpusets]` is replaced whole (a set is defined by exactly one base) and arrays, including
 arrays of tables such as `[[process]]`, are replaced rather than appended to. An include cannot

@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterator
 
 from gputuned.kernel.cpubudget import CpuBudget, Overrun
+from gputuned.userdocs import cite
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class Searches:
             f"{what} {why}: suspended for that process until the profile is applied again "
             f"({'it does not match it' if not safe else 'it is left out'}); other processes "
             "are still searched; rewrite the pattern so that it cannot backtrack "
-            "(docs/profiles.md)"
+            f"({cite('profiles.md')})"
         )
         if len(self.suspended) >= MAX_SUSPENDED:
             del self.suspended[next(iter(self.suspended))]

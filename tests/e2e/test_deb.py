@@ -1,11 +1,14 @@
 """The Debian package under a real systemd: install, apply by name, reboot, upgrade, purge.
 
 One container (the nspawn lane's cached Debian 12 root, without its venv: a host that never had
-gputuned), one package built once by scripts/build-deb (its dependencies from the wheels that
-root was built with: no network) and a newer build made from it by raising the Debian revision.
-The steps of one scenario, in file order; a step that needs an earlier one fails, naming it.
+gputuned), one package built once as docs/systemd.md writes it (its ``scripts/build-deb`` line,
+taken from that file, run as root in a fresh Debian 12 root holding a copy of this working tree:
+the quick-start lane's root, where nothing ran before; it installs what it needs and fetches the
+dependencies from PyPI) and a newer build made from it by raising the Debian revision. The steps
+of one scenario, in file order; a step that needs an earlier one fails, naming it.
 
-- apt install ./gputuned_*.deb: commands, unit, rule, shipped profiles, man pages, completion;
+- apt install ./gputuned_*.deb: commands, unit, rule, shipped profiles, man pages, completion,
+  and the user docs that the man pages and messages cite;
 - enable, then apply a profile by name (one of yours in /etc/gputuned/profiles) through the
   daemon; reboot: the service comes back and verify exits 0;
 - systemctl restart, sampled: what it does to a placed process today (reverts, then applies);
@@ -22,7 +25,6 @@ import itertools
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,12 +35,16 @@ import pytest
 import gputuned
 from tests.e2e.nspawn import harness
 from tests.e2e.nspawn.harness import CACHE, Container, RunRoot, checking, host_run
+from tests.e2e.quickstart import roots
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent / "nspawn"
 UNIT = "gputuned.service"
 WORKLOAD = harness.WORKLOAD
 PROFILE_NAME = "e2e-deb"
+#: Where the build's fresh roots are mounted: apart from the quick-start lane's runs, whose
+#: clean-up of stale runs (under its own lock) must not reach a root this lane is using.
+BUILD_RUNS = CACHE / "deb-build"
+BUILD_SUITE = "bookworm"  # the container's release: the package depends on its python3.11
 #: The kernel's side captured with the package's own gputuned, run from an unpacked copy kept
 #: outside the package's paths (it is there before the install and after the purge alike).
 TOOL = "/var/tmp/gputuned-capture"
@@ -105,13 +111,26 @@ def _journal(ct: Container, lines: int = 40) -> str:
     return ct.run("journalctl", "-u", "gputuned", "--no-pager", "-n", str(lines), check=False).out
 
 
-def build_debs(dest: Path, base: Path) -> dict[str, Path]:
-    """The package from this working tree (scripts/build-deb, once), and a newer build of it."""
+def build_debs(dest: Path, logs: Path) -> dict[str, Path]:
+    """The package built by docs/systemd.md's command in a fresh Debian 12 root (once), and a
+    newer build of it."""
     t0 = time.monotonic()
-    deps = base / "opt/gputuned-e2e/deps"
-    out = host_run([sys.executable, REPO / "scripts/build-deb", "--out", dest, "--revision", "1",
-                    "--find-links", deps], timeout=600).out.strip()  # fmt: skip
-    first = Path(out.splitlines()[-1])
+    build, _install = roots.package_commands()
+    base, _seconds = roots.base_root(BUILD_SUITE)
+    roots.remove_stale_runs(BUILD_RUNS)
+    logs.mkdir(parents=True, exist_ok=True)
+    with roots.fresh_root(BUILD_SUITE, base, BUILD_RUNS) as fr:
+        ran = fr.run(build, env={"DEBIAN_FRONTEND": "noninteractive"},
+                     log=logs / "build-deb.log", timeout=900)  # fmt: skip
+        if ran.rc != 0:
+            pytest.fail(f"docs/systemd.md's `{build}`, as root in a fresh Debian 12 root: "
+                        f"exit {ran.rc}:\n{ran.tail()}")  # fmt: skip
+        built = sorted((fr.root / roots.INSIDE.lstrip("/") / "dist").glob("gputuned_*.deb"))
+        assert len(built) == 1, f"{build} left {built} in dist/:\n{ran.tail()}"
+        dest.mkdir(parents=True, exist_ok=True)
+        first = dest / built[0].name
+        shutil.copy2(built[0], first)
+    harness.NOTES.append(f"deb: `{build}` in a fresh Debian 12 root: {ran.seconds:.0f} s")
     unpacked = dest / "newer"
     host_run(["dpkg-deb", "-R", first, unpacked])
     control = unpacked / "DEBIAN/control"
@@ -134,7 +153,7 @@ def deb_container(workdir: Path) -> Iterator[tuple[Container, RunRoot, dict[str,
         if waited > 1:
             harness.NOTES.append(f"waited {waited:.0f} s for another e2e run on this machine")
         base = harness.base_rootfs(harness.NOTES)
-        debs = build_debs(workdir / "debs", base)
+        debs = build_debs(workdir / "debs", workdir / "logs")
         harness.remove_stale_runs()
         with RunRoot(base, CACHE / "runs" / str(os.getpid())) as rr:
             # A host that never had gputuned: the nspawn lane's venv and files go.
@@ -154,7 +173,8 @@ def deb_container(workdir: Path) -> Iterator[tuple[Container, RunRoot, dict[str,
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     if os.geteuid() != 0:
         pytest.skip("systemd-nspawn needs root: run scripts/test as root (CI does)")
-    missing = harness.missing_tools() + [t for t in ("dpkg-deb",) if not shutil.which(t)]
+    missing = harness.missing_tools() + roots.missing_tools()
+    missing += [t for t in ("dpkg-deb",) if not shutil.which(t)]
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: scripts/test installs them")
     t0 = time.monotonic()
@@ -238,6 +258,16 @@ def test_install(world: World) -> None:
                    'COMP_WORDS=(gputunectl li); COMP_CWORD=1; _gputunectl; echo "${COMPREPLY[@]}"')  # fmt: skip
         assert r.out.split() == ["list"], r
         assert ct.path("/etc/gputuned/profiles").is_dir()
+    with checking("deb: the docs the man pages and messages cite are in the package") as c:
+        shipped = set(ct.run("dpkg", "-L", "gputuned").out.split())
+        pages = ct.run("sh", "-c", "zcat /usr/share/man/man*/gputune*.gz | sed 's/\\\\-/-/g'").out
+        cited = set(re.findall(r"/usr/share/doc/gputuned/[\w.-]+", pages))
+        assert cited and cited <= shipped, f"cited, not in the package: {cited - shipped}"
+        assert not re.search(r"(?<![\w/])docs/", pages), "a man page cites a clone's docs/"
+        r = ct.run("/opt/gputuned/bin/python", "-c",
+                   "from gputuned.userdocs import cite; print(cite('coexistence.md'))")  # fmt: skip
+        assert r.out.strip() == "/usr/share/doc/gputuned/coexistence.md", r
+        c.detail = f"{len(cited)} docs cited by the man pages, all shipped"
     world.passed.add("install")
 
 

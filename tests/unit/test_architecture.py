@@ -22,7 +22,8 @@ PKG = Path(__file__).resolve().parents[2] / "gputuned"
 SIM_CHOOSER = "gputuned.root"
 
 #: The rooms, bottom first: a module imports only from its own room or one below (types too).
-#: "base" is the package's top-level modules (changes, cpulist, errors, exitcodes, textsafe);
+#: "base" is the package's top-level modules (changes, cpulist, errors, exitcodes, textsafe,
+#: userdocs);
 #: "root" is gputuned/root.py, which picks the live or the simulated kernel.
 ROOMS = (
     "base",

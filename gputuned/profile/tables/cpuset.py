@@ -33,7 +33,7 @@ for interrupts and `[bootargs]` (`nohz_full`, `rcu_nocbs`, `irqaffinity`) for th
 Processes get into the partition through `[[process]]` rules with `move_to_partition = true`.
 Where such a server runs in a cgroup of its own (a systemd unit's, a container's), that cgroup
 becomes the partition instead and nothing is moved (`in_place`, Linux 6.7+; see
-tuners/inplace.py and docs/systemd.md); `plan` says which is done, and why.
+docs/systemd.md); `plan` says which is done, and why.
 
 Several partitions: `partitions = "node"` makes one sibling partition per NUMA node, holding
 the set's CPUs there (`<cgroup>.node0`, `<cgroup>.node1`, ...); `partitions = "gpu"` one per

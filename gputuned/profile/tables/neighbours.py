@@ -1,8 +1,8 @@
 """The neighbours: weight or cap the CPU time of everything that is not the server.
 
 A partition gives the server CPUs of its own; the rest of the host still runs flat out on the
-others, and on a virtual machine busy sibling vCPUs slow the server's own (docs/dev/
-benchmarks.md: a pure loop ran at 0.79x with the 15 other vCPUs busy). `[neighbours]` sets
+others, and on a virtual machine busy sibling vCPUs slow the server's own (measured on a
+16-vCPU VM: a pure loop ran at 0.79x with the 15 other vCPUs busy). `[neighbours]` sets
 the cgroup v2 cpu controller's `cpu.max` (a bandwidth cap: `cap_cpus = 4` is "400000 100000",
 four CPUs' worth of time per 100 ms) and/or `cpu.weight` (the share under contention, 1-10000,
 the kernel's default 100) on every cgroup that holds neither the server nor gputuned
