@@ -209,10 +209,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         _print_json(rec.to_json())
         return 0 if rec.recommended else 1
     out = console()
-    if rec.recommended:
-        out.print(f"[bold]{shown(rec.recommended)}[/]  ({shown(rec.path)})")
-    else:
-        out.print("[bold]no shipped profile fits this host[/]")
+    out.print(f"[bold]{shown(rec.verdict)}[/]")
     for why in rec.reasons:
         out.print(f"  - {shown(why)}")
     out.print("candidates:")

@@ -185,6 +185,8 @@ def render_plan(result: PlanResult) -> None:
     out.print(f"Profile [bold]{shown(result.profile)}[/] on {shown(result.root)}")
     for note in result.notes:
         out.print(f"[cyan]note[/] {shown(note)}")
+    for warning in result.warnings:
+        out.print(f"[yellow]warning[/] {shown(warning)}")
     render_layout(result.layout)
     if result.changes:
         out.print(_changes_table(result))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.kernel.irqs import affinity_irq
-from gputuned.kernel.topology import HostCpus
+from gputuned.kernel.topology import GpuRef, HostCpus
 from gputuned.profile.cpusets import PARTITION_MODES, partition_layout
 
 if TYPE_CHECKING:
@@ -85,17 +85,8 @@ def topology_report(host: HostCpus, nvml: list[NvmlGpu] | None) -> dict[str, Any
                 {"level": "note", "message": "sysfs gives no local CPUs: placed as if on any node"}
             )
         elif len(host.nodes) > 1 and entry["node"] is None:
-            entry["findings"].append(
-                {
-                    "level": "warning",
-                    "message": (
-                        f"local CPUs {entry['local_cpus']} span NUMA nodes (sysfs numa_node "
-                        f"{g.numa_node if g.numa_node is not None else -1}): the firmware does not "
-                        "say which socket this GPU is on; per-GPU sets give it what the other "
-                        "GPUs leave"
-                    ),
-                }
-            )
+            message = f"{_spans_nodes(host, g)}; per-GPU sets give it what the other GPUs leave"
+            entry["findings"].append({"level": "warning", "message": message})
         gpus.append(entry)
     return {
         "online": format_cpulist(host.online),
@@ -113,6 +104,49 @@ def topology_report(host: HostCpus, nvml: list[NvmlGpu] | None) -> dict[str, Any
         "gpus": gpus,
         "nvml": nvml is not None,
     }
+
+
+def _spans_nodes(host: HostCpus, g: GpuRef) -> str:
+    """inspect's and plan's words for a GPU whose local CPUs span NUMA nodes."""
+    return (
+        f"local CPUs {format_cpulist(host.gpu_local(g))} span NUMA nodes (sysfs numa_node "
+        f"{g.numa_node if g.numa_node is not None else -1}): the firmware does not say which "
+        "socket this GPU is on"
+    )
+
+
+def gpu_node_warnings(host: HostCpus, per_gpu: dict[str, dict[int, frozenset[int]]]) -> list[str]:
+    """plan's warning for each GPU without a NUMA node (sysfs numa_node -1) on a host of
+    several, and what the plan did instead: the GPU's local CPUs decide its node where they lie
+    in one; where they span nodes it is taken as local to every node, and its per-GPU sets
+    were resolved after the other GPUs' (profile/cpuresolve.py), from what they left."""
+    if len(host.nodes) < 2:
+        return []
+    out = []
+    for g in host.gpus:
+        if g.numa_node is not None:
+            continue
+        node = host.gpu_node(g)
+        if node is not None:
+            out.append(
+                f"GPU {g.index} {g.bdf}: sysfs numa_node -1 on a host of {len(host.nodes)} NUMA "
+                f"nodes; its local CPUs ({format_cpulist(host.gpu_local(g))}) are all on node "
+                f"{node}, so the plan placed it on node {node}"
+            )
+            continue
+        sets = [
+            f"{name}: {format_cpulist(members[g.index]) or 'none'}"
+            for name, members in per_gpu.items()
+            if g.index in members
+        ]
+        got = f" ({'; '.join(sets)})" if sets else ""
+        out.append(
+            f"GPU {g.index} {g.bdf}: {_spans_nodes(host, g)}; the plan took it as local to every "
+            f"node: its per-GPU sets are what the other GPUs left{got}; "
+            "if you know its socket, fix the firmware's NUMA description (ACPI _PXM) or skip "
+            "it ([gpus] skip)"
+        )
+    return out
 
 
 def plan_layout(ctx: PlanContext, settings: list[Change]) -> dict[str, Any]:

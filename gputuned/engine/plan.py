@@ -17,7 +17,7 @@ from gputuned import errors
 from gputuned.changes import Change, Refusal
 from gputuned.engine.coexist import coexistence_notes
 from gputuned.engine.journal import Journal
-from gputuned.engine.layout import plan_layout
+from gputuned.engine.layout import gpu_node_warnings, plan_layout
 from gputuned.kernel import Kernel
 from gputuned.kernel.proc import iter_processes, read_process
 from gputuned.kernel.snapshot import snapshot
@@ -31,6 +31,8 @@ from gputuned.kernel.system import (
 from gputuned.profile import tables as declared
 from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.model import Profile
+from gputuned.profile.tables.gpus import TABLE as GPUS_TABLE
+from gputuned.profile.tables.gpus import Config as GpusConfig
 from gputuned.settings.registry import held
 from gputuned.tuners.context import Claim, PlanContext, Tuner
 from gputuned.tuners.gpuuse import gpu_use
@@ -45,6 +47,8 @@ class PlanResult:
     settings: list[Change] = field(default_factory=list)  # every managed setting
     refused: list[Refusal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: What the host's own description leaves to a guess, and the guess the plan made.
+    warnings: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
     sets: dict[str, str] = field(default_factory=dict)
     #: Sets per GPU and per node, partitions and GPU vectors (gputuned.engine.layout.plan_layout).
@@ -82,6 +86,7 @@ class PlanResult:
             "refused": [asdict(r) for r in self.refused],
             "blocked": bool(self.blocked),
             "notes": self.notes,
+            "warnings": self.warnings,
             "pending_boot": self.pending_boot,
         }
 
@@ -108,6 +113,10 @@ def read_context(
     gpu_rules = any(r.match.uses_gpu is not None or r.by_gpu for r in rules)
     need_nvml = gpu_rules or (pp is not None and pp.mps != "keep")
     snap = snapshot(kernel, nvml=need_nvml, gpu_trees_only=True)
+    skip: GpusConfig | None = GPUS_TABLE.present(profile)
+    if skip is not None and skip.skip:  # a skipped GPU is no GPU to any tuner
+        topo = dataclasses.replace(snap.topo, skip=frozenset(skip.skip))
+        snap = dataclasses.replace(snap, topo=topo)
     cpus = read_host_cpus(kernel, snap.topo, snap.nvml)
     # Which node each IRQ's device sits on matters only where there are several nodes.
     irq_nodes = read_irq_nodes(kernel) if profile.irq and len(cpus.nodes) > 1 else {}
@@ -185,6 +194,7 @@ def plan_profile(
         sets={k: format_cpulist(v) for k, v in ctx.sets.sets.items()},
     )
     result.notes += ctx.sets.notes
+    result.warnings += gpu_node_warnings(ctx.cpus, ctx.sets.per_gpu)
     result.refused += housekeeping_guard(profile, ctx.sets, ctx.cpus)
     if not ctx.snap.topo.gpus():
         result.notes.append(

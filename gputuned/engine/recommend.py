@@ -10,9 +10,10 @@ The shipped profiles differ in how much of the machine they take (profiles/*.tom
   off; it needs a reboot, which only the operator can agree to, so it is recommended only
   where the kernel already runs with those arguments, and otherwise named as the next step.
 
-What is read: GPUs and their NUMA nodes, CPUs and SMT, and who runs processes (users other
-than root and system accounts, and job runners such as kubelet or slurmd: work gputuned must
-leave room for). Each candidate is planned on the host as ``gputunectl plan`` would; one that
+What is read: GPUs that can run inference (gputuned/kernel/pci.py is_inference_gpu: not a
+BMC's display chip) and their NUMA nodes, the online CPUs and SMT, and who runs processes
+(users other than root and system accounts, and job runners such as kubelet or slurmd: work
+gputuned must leave room for). Each candidate is planned on the host as ``gputunectl plan`` would; one that
 cannot be planned here (too few CPUs) is out, with plan's reason. A captured tree holds no
 processes, so on a tree the host is taken to run nothing else, and the answer says so.
 """
@@ -51,6 +52,8 @@ class Candidate:
     why: str
     cpus_per_gpu: int | None = None
     reboot: list[str] = field(default_factory=list)
+    #: Whether two GPUs' server sets share a core here (fewer cores than GPUs).
+    shared: bool = False
 
 
 @dataclass
@@ -58,7 +61,7 @@ class HostFacts:
     gpus: int
     gpu_nodes: dict[int, int]  # node -> GPUs on it
     nodes: int
-    cpus: int
+    cpus: int  # online CPUs (numbering can have gaps: not the highest plus one)
     threads_per_core: int
     processes_seen: bool
     other_users: dict[str, int]  # user -> processes
@@ -69,6 +72,8 @@ class HostFacts:
 class Recommendation:
     recommended: str | None
     path: str | None
+    #: The first line of the answer: the profile, or why none, agreeing with ``candidates``.
+    verdict: str
     reasons: list[str]
     host: HostFacts
     candidates: list[Candidate]
@@ -101,7 +106,7 @@ def read_facts(kernel: Kernel, *, ignore_uids: Iterable[int] = ()) -> HostFacts:
         gpus=len(cpus.gpus),
         gpu_nodes=dict(sorted(per_node.items())),
         nodes=max(len(cpus.nodes), 1),
-        cpus=cpus.nr_cpus,
+        cpus=len(cpus.online),
         threads_per_core=cpus.threads_per_core,
         processes_seen=bool(list_pids(kernel)),
         other_users=dict(sorted(users.items())),
@@ -121,11 +126,25 @@ def _candidate(kernel: Kernel, dirs: ProfileDirs, name: str) -> Candidate | None
         why = "; ".join(f"{r.target}: {r.reason}" for r in plan.blocked)
         return Candidate(name, str(path), False, f"cannot be applied here: {why}")
     gpus = plan.layout.get("gpus") or []
-    sizes = [len(parse_cpulist(g["sets"].get("inference", ""))) for g in gpus if g.get("sets")]
-    per_gpu = min(sizes) if sizes else None
+    sets = [parse_cpulist(g["sets"].get("inference", "")) for g in gpus if g.get("sets")]
+    per_gpu = min(len(c) for c in sets) if sets else None
+    # The server's sets of two GPUs overlap where a node has fewer cores left than GPUs
+    # (profile/cpuresolve.py _split): then no GPU has CPUs of its own.
+    shared = sum(len(c) for c in sets) > len(frozenset().union(*sets)) if sets else False
     reboot = list(plan.pending_boot)
-    why = f"at least {per_gpu} CPUs per GPU" if per_gpu is not None else "plans here"
-    return Candidate(name, str(path), True, why, per_gpu, reboot)
+    if per_gpu is None:
+        why = "plans here"
+    elif per_gpu == 0:
+        why = "plans here, but some GPU gets no CPU for the server"
+    else:
+        why = f"at least {_cpus(per_gpu)} per GPU"
+        if shared:
+            why += ", shared between GPUs (fewer cores than GPUs)"
+    return Candidate(name, str(path), True, why, per_gpu, reboot, shared)
+
+
+def _cpus(n: int) -> str:
+    return f"{n} CPU" if n == 1 else f"{n} CPUs"
 
 
 def recommend(kernel: Kernel, *, ignore_uids: Iterable[int] = ()) -> Recommendation:
@@ -135,16 +154,38 @@ def recommend(kernel: Kernel, *, ignore_uids: Iterable[int] = ()) -> Recommendat
     cands = {c.name: c for c in found if c is not None}
     reasons = [_shape(facts)]
     if facts.gpus == 0:
-        reasons.append("no NVIDIA or AMD GPU on this host: gputuned has nothing to tune here")
-        return Recommendation(None, None, reasons, facts, list(cands.values()))
+        # A profile plans on a host without GPUs (its per-GPU sets fall back), but it would
+        # tune no GPU: none is recommended, and the list says why for each (issue 31).
+        why = "no inference GPU on this host (docs/multi-gpu.md says what counts)"
+        reasons.append(f"{why}: gputuned has nothing to tune here")
+        for c in cands.values():
+            if c.fits:
+                c.fits, c.why = False, "plans here, but tunes no GPU: this host has none"
+        verdict = f"no profile recommended: {why}"
+        return Recommendation(None, None, verdict, reasons, facts, list(cands.values()))
     pick = _choose(facts, cands, reasons)
     chosen = cands.get(pick) if pick else None
-    if chosen is not None and chosen.cpus_per_gpu is not None:
+    if chosen is not None and chosen.cpus_per_gpu:
+        n = _cpus(chosen.cpus_per_gpu)
         reasons.insert(
-            1, f"{pick} gives each GPU at least {chosen.cpus_per_gpu} CPUs of its own here"
+            1,
+            f"{pick} gives the GPUs at least {n} each here, shared between GPUs: this host "
+            "has fewer cores for the server than GPUs"
+            if chosen.shared
+            else f"{pick} gives each GPU at least {n} of its own here",
         )
+    if chosen is not None:
+        verdict = f"{pick}  ({chosen.path})"
+    elif any(c.fits for c in cands.values()):
+        fit = ", ".join(c.name for c in cands.values() if c.fits)
+        verdict = f"no profile recommended: {fit} would plan here, but not for this host's work"
+    else:
+        verdict = "no shipped profile fits this host"
+    # One reason once: a candidate that does not fit is named where it is weighed, and may be
+    # weighed twice (dedicated-inference, before latency-critical and again in the fallback).
+    reasons = list(dict.fromkeys(reasons))
     return Recommendation(
-        pick, chosen.path if chosen else None, reasons, facts, list(cands.values())
+        pick, chosen.path if chosen else None, verdict, reasons, facts, list(cands.values())
     )
 
 

@@ -40,6 +40,31 @@ LINK_ASPM_FILES = (
 
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 GPU_VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD"}
+#: Class 03 (display controller) subclasses: 00 VGA, 02 3D controller (most datacentre GPUs),
+#: 80 other (AMD Instinct). Subclass 01 is XGA.
+_VGA, _3D, _OTHER = 0x0300, 0x0302, 0x0380
+#: Drivers that run inference on a GPU: CUDA's and ROCm's.
+COMPUTE_DRIVERS = frozenset({"nvidia", "amdgpu"})
+#: Display-only chips of a GPU vendor, by (vendor, device): a server's onboard VGA beside its
+#: BMC. The AMD ES1000 (a Radeon 7000 / Rage-class core) is on many Dell, HP and IBM boards.
+DISPLAY_ONLY = frozenset({(0x1002, 0x515E), (0x1002, 0x5159), (0x1002, 0x4752)})
+
+
+def is_inference_gpu(vendor: int, device: int, class_code: int, driver: str | None) -> bool:
+    """Whether a PCI function can run inference: docs/multi-gpu.md, "What counts as a GPU".
+
+    A display controller (class 03: VGA, 3D or other) of NVIDIA or AMD; never a known
+    display-only chip (the ES1000 beside a BMC); and, where a driver is bound, one that computes
+    (nvidia, amdgpu): not radeon or nouveau (no CUDA or ROCm), not vfio-pci (passed through to
+    a virtual machine, not this host's to use). With no driver bound (a captured tree, or
+    before the driver loads) the vendor, device and class decide.
+    """
+    sub = class_code >> 8
+    if vendor not in GPU_VENDORS or sub not in (_VGA, _3D, _OTHER):
+        return False
+    if (vendor, device) in DISPLAY_ONLY:
+        return False
+    return driver is None or driver in COMPUTE_DRIVERS
 
 
 @dataclass(frozen=True)
@@ -85,8 +110,8 @@ class PciDevice:
 
     @property
     def is_gpu(self) -> bool:
-        # Class 03 (display controller): 0300 VGA, 0302 3D controller (datacentre GPUs).
-        return (self.class_code >> 16) == 0x03 and self.vendor in GPU_VENDORS
+        """An inference GPU (:func:`is_inference_gpu`), not any display controller."""
+        return is_inference_gpu(self.vendor, self.device, self.class_code, self.driver)
 
     @property
     def unusable(self) -> str | None:
@@ -110,6 +135,9 @@ class AspmPolicy:
 @dataclass(frozen=True)
 class PciTopology:
     devices: dict[str, PciDevice]
+    #: GPUs a profile leaves alone ([gpus] skip): not in :meth:`gpus`, so nothing is planned
+    #: for them as GPUs; they stay functions of the tree (their path's MPS, inspect).
+    skip: frozenset[str] = frozenset()
 
     def path(self, bdf: str) -> list[PciDevice]:
         """Functions from ``bdf`` up to its root port (or to the root bus), endpoint first."""
@@ -159,8 +187,11 @@ class PciTopology:
             ]
         return out
 
-    def gpus(self) -> list[PciDevice]:
-        return [d for d in self.devices.values() if d.is_gpu]
+    def gpus(self, *, skipped: bool = False) -> list[PciDevice]:
+        """The inference GPUs, without those in ``skip`` unless ``skipped``."""
+        return [
+            d for d in self.devices.values() if d.is_gpu and (skipped or d.bdf not in self.skip)
+        ]
 
     def reported_functions(self) -> list[PciDevice]:
         """What ``inspect --all`` lists: every PCIe function, and every function whose config
@@ -181,8 +212,8 @@ def scan(kernel: Kernel, *, gpu_trees_only: bool = False) -> PciTopology:
     """Read every PCI function under /sys/bus/pci/devices.
 
     ``gpu_trees_only``: only the functions under a GPU's root port (the GPU, its path and
-    its siblings, which share the path's MPS), found from the sysfs ``class`` and ``vendor``
-    attributes without touching config space. Config reads of passed-through devices trap to
+    its siblings, which share the path's MPS), found from the sysfs ``vendor``, ``device`` and
+    ``class`` attributes and the bound driver without touching config space. Config reads of passed-through devices trap to
     the hypervisor; on the H200 VM they were most of a plan's time.
     """
     devices: dict[str, PciDevice] = {}
@@ -205,9 +236,14 @@ def _root_port(sysfs: str) -> str:
 
 
 def _is_gpu_by_attrs(kernel: Kernel, sysfs: str) -> bool:
-    cls = kernel.read_optional(f"{sysfs}/class") or "0"
-    vendor = kernel.read_optional(f"{sysfs}/vendor") or "0"
-    return (int(cls, 16) >> 16) == 0x03 and int(vendor, 16) in GPU_VENDORS
+    ids = _sysfs_ids(kernel, sysfs)
+    return ids is not None and is_inference_gpu(*ids, _driver(kernel, sysfs))
+
+
+def _driver(kernel: Kernel, sysfs: str) -> str | None:
+    if not kernel.exists(f"{sysfs}/driver"):
+        return None
+    return kernel.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
 
 
 def _read_device(kernel: Kernel, bdf: str) -> PciDevice:
@@ -222,9 +258,7 @@ def _read_device(kernel: Kernel, bdf: str) -> PciDevice:
     numa_raw = kernel.read_optional(f"{sysfs}/numa_node")
     numa = int(numa_raw) if numa_raw is not None and int(numa_raw) >= 0 else None
     local_raw = kernel.read_optional(f"{sysfs}/local_cpulist")
-    driver = None
-    if kernel.exists(f"{sysfs}/driver"):
-        driver = kernel.resolve(f"{sysfs}/driver").rsplit("/", 1)[-1]
+    driver = _driver(kernel, sysfs)
     ids = None
     if config.state in (NOT_RESPONDING, SHORT):  # its IDs are not (all) in what was read
         ids = _sysfs_ids(kernel, sysfs)

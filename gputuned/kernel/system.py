@@ -29,7 +29,8 @@ def read_host_cpus(kernel: Kernel, topo: PciTopology, nvml: list[NvmlGpu] | None
                 numa[int(m.group(1))] = parse_cpulist(
                     kernel.read_value(f"{NODE_DIR}/{name}/cpulist")
                 )
-    gpus = topo.gpus()
+    # Indexes count the GPUs a profile skips too, so the others keep theirs (NVML's).
+    gpus = topo.gpus(skipped=True)
     names: dict[str, tuple[int, str]] = {}
     if nvml:
         names = {g.bdf: (g.index, g.name) for g in nvml}
@@ -43,6 +44,7 @@ def read_host_cpus(kernel: Kernel, topo: PciTopology, nvml: list[NvmlGpu] | None
             name=names.get(d.bdf, (i, ""))[1],
         )
         for i, d in enumerate(gpus)
+        if d.bdf not in topo.skip
     )
     return HostCpus(
         online=online,

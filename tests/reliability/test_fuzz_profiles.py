@@ -297,7 +297,7 @@ def make_cpusets(c: Chooser) -> dict[str, Any]:
 
 #: The tables make_profile writes by hand, with values that hang together. Every other declared
 #: table (gputuned/profile/tables/) is generated from its model by from_model.
-BY_HAND = {"pcie_aspm", "pcie_payload", "irq", "cpuset", "process", "bootargs", "daemon"}
+BY_HAND = {"pcie_aspm", "pcie_payload", "irq", "cpuset", "process", "bootargs", "daemon", "gpus"}
 
 
 def from_model(c: Chooser, model: type[BaseModel], sets: list[str]) -> dict[str, Any]:
@@ -413,6 +413,8 @@ def make_profile(c: Chooser) -> dict[str, Any]:
             "drift_interval_s": c.pick([0.5, 10, 10.0, 3600]),
             "revert_on_shutdown": c.flip(),
         }
+    if c.flip():  # a GPU of the trees, one of no tree
+        doc["gpus"] = {"skip": c.some(["0000:01:00.0", "0000:99:00.0"], 0, 2)}
     for table in declared.tables():
         if table.key not in BY_HAND and c.flip():
             value = from_model(c, table.model, names)

@@ -217,4 +217,4 @@ def test_recommend_a_job_runner_means_a_shared_host(tmp_path: Path) -> None:
 def test_recommend_without_a_gpu_recommends_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     root = str(PROFILES.parent / "tests/data/hosts/ci-vm")
     rc, out, _ = run(capsys, "recommend", "--root", root)
-    assert rc == 1 and "no shipped profile fits" in out and "no NVIDIA or AMD GPU" in out
+    assert rc == 1 and out.startswith("no profile recommended: no inference GPU on this host")
