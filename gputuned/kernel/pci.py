@@ -43,8 +43,10 @@ GPU_VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD"}
 #: Class 03 (display controller) subclasses: 00 VGA, 02 3D controller (most datacentre GPUs),
 #: 80 other (AMD Instinct). Subclass 01 is XGA.
 _VGA, _3D, _OTHER = 0x0300, 0x0302, 0x0380
-#: Drivers that run inference on a GPU: CUDA's and ROCm's.
-COMPUTE_DRIVERS = frozenset({"nvidia", "amdgpu"})
+#: Drivers that make a GPU vendor's function no inference GPU of this host: no CUDA or ROCm
+#: (radeon, nouveau), or passed to a virtual machine (vfio-pci, pci-stub). Any other driver
+#: (nvidia, amdgpu, one this list does not know) leaves the vendor and class to decide.
+NO_INFERENCE_DRIVERS = frozenset({"radeon", "nouveau", "vfio-pci", "pci-stub"})
 #: Display-only chips of a GPU vendor, by (vendor, device): a server's onboard VGA beside its
 #: BMC. The AMD ES1000 (a Radeon 7000 / Rage-class core) is on many Dell, HP and IBM boards.
 DISPLAY_ONLY = frozenset({(0x1002, 0x515E), (0x1002, 0x5159), (0x1002, 0x4752)})
@@ -54,17 +56,17 @@ def is_inference_gpu(vendor: int, device: int, class_code: int, driver: str | No
     """Whether a PCI function can run inference: docs/multi-gpu.md, "What counts as a GPU".
 
     A display controller (class 03: VGA, 3D or other) of NVIDIA or AMD; never a known
-    display-only chip (the ES1000 beside a BMC); and, where a driver is bound, one that computes
-    (nvidia, amdgpu): not radeon or nouveau (no CUDA or ROCm), not vfio-pci (passed through to
-    a virtual machine, not this host's to use). With no driver bound (a captured tree, or
-    before the driver loads) the vendor, device and class decide.
+    display-only chip (the ES1000 beside a BMC); and not bound to a driver that runs no
+    inference (radeon, nouveau: no CUDA or ROCm) or passes it to a virtual machine (vfio-pci,
+    pci-stub). With no driver bound (a captured tree, or before the driver loads), or another
+    one, the vendor, device and class decide.
     """
     sub = class_code >> 8
     if vendor not in GPU_VENDORS or sub not in (_VGA, _3D, _OTHER):
         return False
     if (vendor, device) in DISPLAY_ONLY:
         return False
-    return driver is None or driver in COMPUTE_DRIVERS
+    return driver not in NO_INFERENCE_DRIVERS
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,10 @@ def targets(result: PlanResult) -> str:
         (0x10DE, 0x1C82, 0x030000, "nouveau", False),  # no CUDA on nouveau
         (0x8086, 0x3E92, 0x030000, "i915", False),  # a desktop's integrated graphics
         (0x1002, 0x740F, 0x038000, "vfio-pci", False),
+        (0x10DE, 0x2335, 0x030200, "pci-stub", False),
+        # A driver the rule does not know (the e2e guest's stand-in GPU keeps e1000e bound):
+        # the vendor and class decide.
+        (0x10DE, 0x2335, 0x030200, "e1000e", True),
         (0x10DE, 0x10F0, 0x040300, "snd_hda_intel", False),  # a GPU's HDMI audio
     ],
 )
