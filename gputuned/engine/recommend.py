@@ -33,6 +33,7 @@ from gputuned.kernel.snapshot import snapshot
 from gputuned.kernel.system import read_host_cpus
 from gputuned.profile.load import load_profile
 from gputuned.store.profiledirs import ProfileDirs
+from gputuned.userdocs import cite
 
 #: login.defs(5) UID_MIN on Debian and most distributions: below it, system accounts.
 UID_MIN = 1000
@@ -156,7 +157,7 @@ def recommend(kernel: Kernel, *, ignore_uids: Iterable[int] = ()) -> Recommendat
     if facts.gpus == 0:
         # A profile plans on a host without GPUs (its per-GPU sets fall back), but it would
         # tune no GPU: none is recommended, and the list says why for each (issue 31).
-        why = "no inference GPU on this host (docs/multi-gpu.md says what counts)"
+        why = f"no inference GPU on this host ({cite('multi-gpu.md')} says what counts)"
         reasons.append(f"{why}: gputuned has nothing to tune here")
         for c in cands.values():
             if c.fits:
