@@ -17,7 +17,8 @@ class Change:
     ``in_sync`` settings are already right; plan lists only the others, but apply and verify
     need both (a setting that is right is still managed: switching profiles must not revert it).
     Tuners never set it: the planner asks each change's setting (gputuned/settings/registry.py
-    ``held``), the question apply asks before a write and answers with its read-back.
+    ``held``), the question apply asks before a write and answers with its read-back; nor
+    ``not_possible``.
     """
 
     tuner: str
@@ -34,6 +35,10 @@ class Change:
     compare: str = "text"  # sysfs: text | cpulist | mask | policy | partition; mount: options
     data: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     in_sync: bool = False
+    #: Why apply cannot make it here, known without writing (a read-only mount holds its
+    #: file): plan lists it apart, apply does not try it, verify does not call it drift.
+    #: Set by the planner, from the setting (registry ``impossible``), as ``in_sync`` is.
+    not_possible: str = ""
 
     def __post_init__(self) -> None:
         if not self.key:

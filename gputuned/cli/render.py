@@ -206,11 +206,13 @@ def render_plan(result: PlanResult) -> None:
 
 
 def plan_counts(result: PlanResult) -> str:
-    """The summary line's counts: what apply writes apart from what it only reports."""
-    quiet = len(result.report_only)
+    """The summary line's counts: what apply writes apart from what it only reports and
+    what it cannot do here."""
+    quiet, cannot = len(result.report_only), len(result.not_possible_here)
     counts = [
-        f"{len(result.changes) - quiet} change(s) apply makes",
+        f"{len(result.to_make)} change(s) apply makes",
         f"{quiet} report only (listed, never applied)" if quiet else "",
+        f"{cannot} not possible here (listed, not tried)" if cannot else "",
         f"{len(result.settings) - len(result.changes)} already right",
         f"{len(result.refused)} refused" if result.refused else "",
         f"{len(result.pending_boot)} boot argument(s) missing" if result.pending_boot else "",
@@ -219,17 +221,24 @@ def plan_counts(result: PlanResult) -> str:
 
 
 def _changes_table(result: PlanResult) -> Table:
-    quiet = len(result.report_only)
-    title = f"{len(result.changes) - quiet} change(s)"
+    quiet, cannot = len(result.report_only), len(result.not_possible_here)
+    title = f"{len(result.to_make)} change(s)"
     if quiet:
         title += f", {quiet} report only (never applied)"
+    if cannot:
+        title += f", {cannot} not possible here (not tried)"
     table = Table(title=title, show_lines=False)
     for col in ("tuner", "target", "current → wanted", "why"):
         table.add_column(col, overflow="fold")
-    # Report-only rows last and marked: they read like changes, and apply makes none of them.
-    for c in sorted(result.changes, key=lambda c: c.report_only):
-        tuner = f"{c.tuner} [yellow](report only)[/]" if c.report_only else c.tuner
-        table.add_row(tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(c.why))
+    # Report-only and not-possible rows last and marked: they read like changes, and apply
+    # makes none of them; a not-possible row's "why" is the reason it cannot be made.
+    for c in sorted(result.changes, key=lambda c: (bool(c.not_possible), c.report_only)):
+        tuner, why = c.tuner, c.why
+        if c.report_only:
+            tuner = f"{c.tuner} [yellow](report only)[/]"
+        elif c.not_possible:
+            tuner, why = f"{c.tuner} [yellow](not possible here)[/]", c.not_possible
+        table.add_row(tuner, shown(c.target), shown(f"{c.current} → {c.wanted}"), shown(why))
     return table
 
 
@@ -269,12 +278,21 @@ def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -
 
 def render_revert(report: RevertReport, root_option: str = "") -> None:
     out = console()
+    gone = (
+        f"; profile {shown(report.deactivated)} is no longer active"
+        if report.deactivated is not None
+        else ""
+    )
     if not report.restored and not report.failed:
-        out.print("Nothing to revert: the journal is empty.")
+        out.print(
+            f"No values to put back (the journal is empty){gone}."
+            if gone
+            else "Nothing to revert: the journal is empty and no profile is active."
+        )
         for n in report.notes:
             out.print(f"  note: {escape(n)}")
         return
-    out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms")
+    out.print(f"Restored {len(report.restored)} value(s) in {report.seconds * 1000:.1f} ms{gone}")
     for n in report.notes:
         out.print(f"  note: {escape(n)}")
     for f in report.failed:

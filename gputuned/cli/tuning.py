@@ -165,9 +165,7 @@ def cmd_revert(args: argparse.Namespace) -> int:
     kernel = root.open_kernel(args.root)
     resp = _daemon(kernel, {"cmd": "revert"})
     if resp is not None:
-        report = RevertReport(
-            resp["restored"], resp["failed"], resp.get("notes", []), resp["seconds"]
-        )
+        report = RevertReport.from_json(resp)
     else:
         report = revert_all(kernel, boot_config=True)
     if args.json:

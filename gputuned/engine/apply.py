@@ -133,10 +133,15 @@ def apply_settings(
     # In-sync process settings still go through prepare (engine/commit.py): a thread or a
     # child process that inherited its values needs its original journaled (nothing is
     # written for it).
+    # What plan found not possible here (a read-only mount holds it) is not tried: reported
+    # as the writer reports a write the kernel refuses for the same reason.
+    for ch in settings:
+        if ch.not_possible and not (ch.report_only or ch.in_sync):
+            report.not_possible[ch.key] = {"target": ch.target, "reason": ch.not_possible}
     ops = [
         (ch, op)
         for ch in settings
-        if not (ch.report_only or (ch.in_sync and not of_change(ch).placement))
+        if not (ch.report_only or ch.not_possible or (ch.in_sync and not of_change(ch).placement))
         for op in expand(ch)
     ]
     w = Writer(kernel, journal, report, keep_going)

@@ -1,6 +1,6 @@
 """What an apply and a revert report: :class:`ApplyReport` (written, skipped, not possible
 here, failed, leftovers restored, rolled back), :class:`ApplyError`, the failure that carries
-it, and :class:`RevertReport` (restored, failed, notes).
+it, and :class:`RevertReport` (restored, failed, notes, the profile made inactive).
 
 Data only: the writer (:mod:`gputuned.engine.writer`) fills the report, ``apply_profile``
 (:mod:`gputuned.engine.apply`) hands it to the caller and records what is not possible here.
@@ -52,6 +52,8 @@ class RevertReport:
     failed: list[dict[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: The profile this revert made no longer active (its name), None where none was.
+    deactivated: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,4 +61,12 @@ class RevertReport:
             "failed": self.failed,
             "notes": self.notes,
             "seconds": round(self.seconds, 4),
+            "deactivated": self.deactivated,
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RevertReport:
+        """Rebuild a report the daemon sent (``to_json``) for rendering here."""
+        return cls(
+            d["restored"], d["failed"], d.get("notes", []), d["seconds"], d.get("deactivated")
+        )

@@ -19,6 +19,7 @@ from gputuned.engine.coexist import coexistence_notes
 from gputuned.engine.journal import Journal
 from gputuned.engine.layout import gpu_node_warnings, plan_layout
 from gputuned.kernel import Kernel
+from gputuned.kernel.mounts import MountTable
 from gputuned.kernel.proc import iter_processes, read_process
 from gputuned.kernel.snapshot import snapshot
 from gputuned.kernel.system import (
@@ -33,7 +34,7 @@ from gputuned.profile.cpuresolve import housekeeping_guard, resolve_cpusets
 from gputuned.profile.model import Profile
 from gputuned.profile.tables.gpus import TABLE as GPUS_TABLE
 from gputuned.profile.tables.gpus import Config as GpusConfig
-from gputuned.settings.registry import held
+from gputuned.settings.registry import held, impossible
 from gputuned.tuners.context import Claim, PlanContext, Tuner
 from gputuned.tuners.gpuuse import gpu_use
 
@@ -65,6 +66,17 @@ class PlanResult:
         return [c for c in self.changes if c.report_only]
 
     @property
+    def not_possible_here(self) -> list[Change]:
+        """The changes apply cannot make here, known without writing (``Change.not_possible``):
+        listed with the reason, never tried."""
+        return [c for c in self.changes if c.not_possible]
+
+    @property
+    def to_make(self) -> list[Change]:
+        """What apply writes: the changes neither report only nor not possible here."""
+        return [c for c in self.changes if not (c.report_only or c.not_possible)]
+
+    @property
     def blocked(self) -> list[Refusal]:
         """Refusals that stop the whole profile: apply writes nothing while there is one."""
         return [r for r in self.refused if r.blocking]
@@ -83,6 +95,7 @@ class PlanResult:
             "changes": [_change_json(c) for c in self.changes],
             "in_sync": len(self.settings) - len(self.changes),
             "report_only": len(self.report_only),
+            "not_possible": len(self.not_possible_here),
             "refused": [asdict(r) for r in self.refused],
             "blocked": bool(self.blocked),
             "notes": self.notes,
@@ -243,6 +256,15 @@ def plan_processes(
 
 
 def settled(kernel: Kernel, changes: list[Change]) -> list[Change]:
-    """``changes`` with ``in_sync`` as each one's setting answers it (registry ``held``):
-    tuners say what they want, never whether the host has it."""
-    return [dataclasses.replace(c, in_sync=held(kernel, c)) for c in changes]
+    """``changes`` with ``in_sync`` as each one's setting answers it (registry ``held``), and
+    for those apply would write, ``not_possible`` (registry ``impossible``: a read-only
+    mount holds the file): tuners say what they want, never whether the host has it or
+    lets it be written."""
+    mounts = MountTable(kernel)
+    out = []
+    for c in changes:
+        now = dataclasses.replace(c, in_sync=held(kernel, c))
+        if not (now.in_sync or now.report_only):
+            now = dataclasses.replace(now, not_possible=impossible(now, mounts))
+        out.append(now)
+    return out

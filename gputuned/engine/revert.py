@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputuned import errors
+from gputuned.engine.applied import read_active
 from gputuned.engine.applyreport import RevertReport
 from gputuned.engine.journal import Entry, Journal
 from gputuned.kernel import Kernel
@@ -70,6 +71,11 @@ def revert_all(
         if not report.failed:
             remove(kernel, STATE)
             if forget_profile:
+                try:
+                    active = read_active(kernel)
+                    report.deactivated = None if active is None else str(active["profile"]["name"])
+                except (ValueError, KeyError, TypeError):  # damaged: it goes all the same
+                    report.deactivated = "(unreadable active.json)"
                 remove(kernel, ACTIVE)
     report.seconds = time.monotonic() - t0
     return report

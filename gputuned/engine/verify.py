@@ -101,6 +101,8 @@ def verify_plan(plan: PlanResult, state: dict[str, Any], *, strict: bool = False
             status, reason = NOT_POSSIBLE, not_possible[ch.key]["reason"]
         elif ch.in_sync:
             status, reason = PASSED, ""
+        elif ch.not_possible:  # known without an apply's attempt (a read-only mount)
+            status, reason = NOT_POSSIBLE, ch.not_possible
         elif ch.report_only:
             status, reason = REPORT_ONLY, "the profile sets report_only for this tuner"
         else:

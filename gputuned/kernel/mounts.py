@@ -82,6 +82,13 @@ class Mount:
     def super_read_only(self) -> bool:
         return "ro" in self.super_options.split(",")
 
+    @property
+    def refuses_writes(self) -> bool:
+        """Does the kernel refuse every write under it (EROFS)? A read-only mount or a
+        read-only superblock (fs/namespace.c __mnt_is_readonly()): a container's /proc/irq,
+        bind-mounted read-only (Docker's ReadonlyPaths), or a /sys mounted read-only."""
+        return self.read_only or self.super_read_only
+
 
 def unescape(field: str) -> str:
     """Mount points are printed with space, tab, newline and backslash as \\ooo (seq_escape)."""
@@ -95,6 +102,41 @@ def parse_line(line: str) -> Mount | None:
     if not sep or len(head) < 6 or len(tail) < 3:
         return None
     return Mount(unescape(head[4]), tuple(head[5].split(",")), tail[0], unescape(tail[1]), tail[2])
+
+
+def parse_table(text: str) -> tuple[Mount, ...]:
+    """Every mount of a mountinfo text, in its order."""
+    return tuple(m for m in map(parse_line, text.splitlines()) if m is not None)
+
+
+def covering(table: tuple[Mount, ...], path: str) -> Mount | None:
+    """The mount path lookup of the canonical ``path`` ends in: the one whose point is the
+    longest at or above it, the last listed of equal ones (a later mount on a point covers
+    the earlier). None where the table lists none (a tree's mountinfo has few lines)."""
+    best: Mount | None = None
+    for m in table:
+        point = m.point.rstrip("/")
+        above = path == m.point or path.startswith(point + "/")
+        if above and (best is None or len(m.point) >= len(best.point)):
+            best = m
+    return best
+
+
+class MountTable:
+    """/proc/self/mountinfo, read once when first asked (a plan that changes no file never
+    reads it); unreadable is empty: nothing is known to be read-only."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self._table: tuple[Mount, ...] | None = None
+
+    def covering(self, path: str) -> Mount | None:
+        if self._table is None:
+            try:
+                self._table = parse_table(self._kernel.read_optional(MOUNTINFO) or "")
+            except errors.GputunedError:
+                self._table = ()
+        return covering(self._table, path)
 
 
 def find(kernel: Kernel, point: str, fstype: str) -> Mount:

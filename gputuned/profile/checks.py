@@ -5,6 +5,7 @@ profile object has passed them."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 from gputuned.cpulist import format_cpulist, parse_cpulist
 from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import PARTITION_MODES
-from gputuned.profile.messages import Problems, key_path, or_list
+from gputuned.profile.messages import Problems, key_path
 from gputuned.profile.tables.processmatch import owner_key
 
 if TYPE_CHECKING:
@@ -46,9 +47,7 @@ def check_profile(p: Profile) -> Problems:
         ]
     for key, name, keep_ok in refs:
         if name not in p.cpusets:
-            choices = [*names, "keep"] if keep_ok else names
-            hint = f"use {or_list(choices)}" if choices else f"define it first as [cpusets.{name}]"
-            problems.append((key, f"unknown CPU set {name!r}; {hint}"))
+            problems.append((key, unknown_set(name, names, keep_ok=keep_ok)))
     problems += _exclude_cycles(p)
     problems += _check_process_rules(p)
     problems += _check_aspm_bootargs(p)
@@ -56,6 +55,20 @@ def check_profile(p: Profile) -> Problems:
     if not problems:
         problems += overlaps(p, lambda name: static_cpus(p, name))
     return problems
+
+
+def unknown_set(name: str, names: list[str], *, keep_ok: bool) -> str:
+    """The one message for a set name the profile does not define, wherever it is named:
+    the closest name, the sets there are, and 'keep' where the key takes it."""
+    close = difflib.get_close_matches(name, [*names, *(["keep"] if keep_ok else [])], n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    sets = (
+        f"the sets are: {', '.join(map(repr, names))}"
+        if names
+        else f"no set is defined; define it first as [cpusets.{name}]"
+    )
+    keep = "; or 'keep', to leave it as it is" if keep_ok else ""
+    return f"unknown CPU set {name!r}; {guess}{sets}{keep}"
 
 
 def _exclude_cycles(p: Profile) -> Problems:

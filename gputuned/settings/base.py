@@ -14,6 +14,9 @@ its ops, as TuneD keeps a plugin's get and set together:
 - :meth:`Setting.holds`: does the machine hold a value? With the same normalisation both ways;
 - :meth:`Setting.not_possible`: why a failed write is a limit of this machine rather than a
   failure of gputuned (skip it and say so), or None;
+- :meth:`Setting.impossible`: the same, known before writing (a read-only mount holds the
+  file): plan lists it as not possible here, apply does not try it and verify does not call
+  it drift;
 - :meth:`Setting.refusal`: why an op read back from the journal is not one gputuned writes
   (its JSON form checked field by field), or None.
 
@@ -32,6 +35,7 @@ from gputuned.kernel.procfs import parse_stat
 if TYPE_CHECKING:
     from gputuned.changes import Change
     from gputuned.kernel import Kernel
+    from gputuned.kernel.mounts import MountTable
 
 ABSENT = "\0absent"  # journal value of something that did not exist (a cgroup, a file)
 
@@ -88,6 +92,11 @@ def process_ids_refusal(op: Op, *, thread: bool) -> str | None:
     return None
 
 
+def read_only_reason(point: str) -> str:
+    """A write the kernel refuses with EROFS: the mount holding it refuses writes."""
+    return f"read-only here (EROFS): {point} is mounted read-only (a container?)"
+
+
 class Setting:
     """One kind of setting. Subclasses set :attr:`kind` and implement read, write and refusal."""
 
@@ -111,6 +120,9 @@ class Setting:
     #: subtree_control when it realizes a unit's parents): apply asks again, just before its
     #: writes, whether the host still holds what the plan found in sync.
     undone_by_others: ClassVar[bool] = False
+    #: Its ops write the file or make the folder ``op.path`` names: a mount that refuses
+    #: writes above it makes them impossible here (:meth:`impossible`).
+    writes_path: ClassVar[bool] = False
     #: One sentence for docs and errors: what an op of this kind writes.
     what: ClassVar[str] = ""
 
@@ -177,6 +189,16 @@ class Setting:
     def not_possible(self, op: Op, exc: errors.GputunedError) -> str | None:
         """Why ``exc`` (a failed write of ``op``) is a limit of this machine, or None."""
         return None
+
+    def impossible(self, op: Op, mounts: MountTable) -> str | None:
+        """Why a write of ``op`` cannot succeed here, known without writing, or None: the
+        reason :meth:`not_possible` gives for the write's error, said by plan before it."""
+        if not self.writes_path:
+            return None
+        held = mounts.covering(op.path)
+        if held is None or not held.refuses_writes:
+            return None
+        return read_only_reason(held.point)
 
     def set_back(self, kernel: Kernel, op: Op, old: str) -> bool:
         """After a write that does not read back: does the machine hold ``old`` again, because

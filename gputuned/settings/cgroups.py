@@ -23,6 +23,7 @@ _STATES = ("present", ABSENT)
 
 class CgroupDir(Setting):
     kind = change_kind = "cgroup"
+    writes_path = True
     what = "a cgroup v2 directory that must exist"
 
     def read(self, kernel: Kernel, op: Op) -> str:
@@ -43,6 +44,7 @@ class CgroupDir(Setting):
 
 class CgroupController(Setting):
     kind = change_kind = "controller"
+    writes_path = True
     undone_by_others = True
     what = "a controller enabled in a cgroup's cgroup.subtree_control (data: controller)"
 
@@ -75,6 +77,7 @@ class CgroupCpu(Setting):
     """
 
     kind = change_kind = "cgroup_cpu"
+    writes_path = True
     what = "cpu.weight or cpu.max of a cgroup gputuned weights or caps ([neighbours])"
 
     def read(self, kernel: Kernel, op: Op) -> str:

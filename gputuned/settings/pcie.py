@@ -26,6 +26,7 @@ _FIELDS = {0x00E0: 5, 0x7000: 12}
 
 class PcieField(Setting):
     kind = change_kind = "pcie"
+    writes_path = True
     what = "a field of a PCI function's Device Control register (MPS, MRRS)"
 
     def ops(self, ch: Change) -> list[Op]:

@@ -12,11 +12,18 @@ from typing import TYPE_CHECKING
 
 from gputuned.kernel.procfs import cgroup_path
 from gputuned.kernel.system import nearest_cgroup
-from gputuned.settings.base import Op, Setting, check_identity, process_ids_refusal
+from gputuned.settings.base import (
+    Op,
+    Setting,
+    check_identity,
+    process_ids_refusal,
+    read_only_reason,
+)
 from gputuned.settings.sysfs import CGROUP
 
 if TYPE_CHECKING:
     from gputuned.kernel import Kernel
+    from gputuned.kernel.mounts import MountTable
 
 _CGROUP_PATH = re.compile(r"/([^/\0]+(/[^/\0]+)*)?")
 
@@ -33,6 +40,12 @@ class ProcessCgroup(Setting):
     def write(self, kernel: Kernel, op: Op, value: str) -> None:
         check_identity(kernel, op)
         kernel.move_to_cgroup(int(op.data["pid"]), f"{op.data['mount']}{value}".rstrip("/") or "/")
+
+    def impossible(self, op: Op, mounts: MountTable) -> str | None:
+        """A move writes the new cgroup's cgroup.procs: refused (EROFS) under a read-only
+        mount of the hierarchy (systemd's ProtectControlGroups=yes, a container's)."""
+        held = mounts.covering(f"{op.data['mount']}{op.value}".rstrip("/") + "/cgroup.procs")
+        return read_only_reason(held.point) if held is not None and held.refuses_writes else None
 
     def restoring(self, kernel: Kernel, op: Op, old: str) -> tuple[Op, str]:
         """Back to the cgroup it came from, or the nearest existing ancestor of that one when

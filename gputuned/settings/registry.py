@@ -21,6 +21,7 @@ from gputuned.settings.base import Op, Setting
 if TYPE_CHECKING:
     from gputuned.changes import Change
     from gputuned.kernel import Kernel
+    from gputuned.kernel.mounts import MountTable
 
 
 @cache
@@ -82,6 +83,16 @@ def held(kernel: Kernel, ch: Change) -> bool:
         return all(setting(op.kind).holds_already(kernel, op, op.value) for op in expand(ch))
     except errors.GputunedError:
         return False
+
+
+def impossible(ch: Change, mounts: MountTable) -> str:
+    """Why apply cannot make ``ch`` here, known without writing (its first op's reason), or
+    "": what plan lists as not possible here, and apply then does not try."""
+    for op in expand(ch):
+        why = setting(op.kind).impossible(op, mounts)
+        if why is not None:
+            return why
+    return ""
 
 
 def write(kernel: Kernel, op: Op, value: str) -> None:

@@ -20,7 +20,7 @@ from gputuned import errors
 from gputuned.cpulist import parse_cpulist, parse_mask
 from gputuned.kernel.irqs import LIST_FILE, affinity_irq
 from gputuned.kernel.masks import MASK_FILES
-from gputuned.settings.base import Op, Setting
+from gputuned.settings.base import Op, Setting, read_only_reason
 
 if TYPE_CHECKING:
     from gputuned.kernel import Kernel
@@ -67,6 +67,7 @@ def same(compare: str, have: str, want: str) -> bool:
 
 class SysfsAttribute(Setting):
     kind = change_kind = "sysfs"
+    writes_path = True
     what = "a text attribute under /sys or /proc"
 
     def read(self, kernel: Kernel, op: Op) -> str:
@@ -118,8 +119,9 @@ class SysfsAttribute(Setting):
                 # EACCES: the kernel made this IRQ's file read-only (0444) for an IRQ it will
                 # not move, and the caller lacks CAP_DAC_OVERRIDE.
                 return f"unmovable ({E.errorcode[code]}): the kernel refuses to move this IRQ"
-            if code == E.EROFS:
-                return "read-only here (EROFS): /proc/irq is mounted read-only (a container?)"
+        if code == E.EROFS and getattr(exc, "op", "") == "write":
+            # plan says so before apply where mountinfo shows the mount (Setting.impossible)
+            return read_only_reason("/proc/irq" if op.path.startswith("/proc/irq/") else op.path)
         if op.path.endswith("/pcie_aspm/parameters/policy") and code == E.EPERM:
             return "firmware owns ASPM: the kernel refuses policy writes (EPERM)"
         return None

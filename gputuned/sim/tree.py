@@ -58,15 +58,26 @@ class SimKernel(KernelBase):
     def write_bytes(self, hpath: str, data: bytes, offset: int | None = None) -> None:
         self._refuse_recorded(hpath)
         with translating("write", hpath):
-            self.model.write(self.resolve(hpath), data, offset)
+            self.model.write(self._writable(hpath), data, offset)
 
     def mkdir(self, hpath: str) -> None:
         with translating("mkdir", hpath):
-            self.model.mkdir(self.resolve(hpath))
+            self.model.mkdir(self._writable(hpath))
 
     def rmdir(self, hpath: str) -> None:
         with translating("rmdir", hpath):
-            self.model.rmdir(self.resolve(hpath))
+            self.model.rmdir(self._writable(hpath))
+
+    def _writable(self, hpath: str) -> str:
+        """``hpath`` resolved, unless a mount of the tree's mountinfo that refuses writes
+        holds it: EROFS, as the kernel answers before any file's own handler
+        (fs/open.c do_dentry_open(), fs/namei.c filename_create(): mnt_want_write())."""
+        real = self.resolve(hpath)
+        info = mounts.parse_table(self.model.get(mounts.MOUNTINFO) or "")
+        held = mounts.covering(info, real)
+        if held is not None and held.refuses_writes:
+            raise OSError(E.EROFS, f"{held.point} is mounted read-only")
+        return real
 
     # -- threads --------------------------------------------------------------------------
 

@@ -16,6 +16,38 @@ from gputuned.tuners import favordynmods, inplace, partconflict
 from gputuned.tuners.context import PlanContext
 
 
+def unused_keys_note(cfg: Config) -> str | None:
+    """What plan says of a `[cpuset]` whose mode leaves keys it sets unused, or that does
+    nothing at all (issue 31, item 8: `cpus` with mode "none" passed without a word)."""
+    defaults = Config.model_fields
+    changed = [k for k in ("cgroup", "in_place") if getattr(cfg, k) != defaults[k].default]
+    if cfg.mode == "none":
+        head = "cpuset: mode 'none' makes no partition and pins nothing"
+        unused = ([f"cpus = {cfg.cpus!r}"] if cfg.cpus is not None else []) + changed
+        modes = "'root' or 'isolated'" if changed else "'root', 'isolated' or 'affinity'"
+    elif cfg.mode == "affinity":
+        head, unused, modes = (
+            "cpuset: mode 'affinity' makes no cgroup",
+            changed,
+            "'root' or 'isolated'",
+        )
+    else:
+        return None
+    one = len(unused) == 1
+    named = " and ".join(unused)
+    if cfg.mode == "none" and not cfg.favordynmods:
+        note = f"{head}: [cpuset] does nothing"
+        if unused:
+            note += f"; {named} {'takes' if one else 'take'} effect with mode = {modes}"
+        return note
+    if not unused:
+        return None
+    return (
+        f"{head}: {named} {'does' if one else 'do'} nothing; {'it takes' if one else 'they take'} "
+        f"effect with mode = {modes}"
+    )
+
+
 class CpusetTuner:
     """A cgroup v2 cpuset partition holding the inference CPUs, made at run time."""
 
@@ -28,6 +60,9 @@ class CpusetTuner:
             return out
         if cfg.favordynmods:
             favordynmods.plan(ctx, cfg, self.name, out)
+        idle = unused_keys_note(cfg)
+        if idle is not None:
+            out.notes.append(idle)
         if cfg.mode == "none" or cfg.cpus is None:
             return out
         cpus = ctx.sets.sets[cfg.cpus]

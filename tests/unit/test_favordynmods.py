@@ -176,6 +176,16 @@ def test_not_possible_here(change: str, reason: str, tmp_path: Path) -> None:
         host = tree_kernel(root)
         _plan, report = apply_profile(host, SHARED)
         assert report.failed == [] and not any(w.path.endswith(":remount") for w in host.writes)
+        # ...unless the hierarchy is read-only: then no cgroup write can be made either, and
+        # plan and apply say so (issue 31, item 7).
+        under = [w for w in host.writes if w.path.startswith(f"{CG}/")]
+        assert (under == []) == (change == "ro-bind")
+        if change == "ro-bind":
+            assert all(
+                c.not_possible.startswith("read-only here (EROFS): /sys/fs/cgroup is mounted")
+                for c in _plan.changes
+                if c.kind in ("cgroup", "controller", "proc_cgroup")
+            )
         assert revert_all(tree_kernel(root)).failed == []
         assert digest(root) == before
 

@@ -56,7 +56,8 @@ def test_revert_after_a_reboot_removes_the_dropin(
         "--write-grub; run update-grub"
     ) in out
     assert (
-        run(capsys, "revert", "--root", str(root))[1] == "Nothing to revert: the journal is empty."
+        run(capsys, "revert", "--root", str(root))[1]
+        == "Nothing to revert: the journal is empty and no profile is active."
     )
 
 

@@ -275,6 +275,44 @@ def test_plan_cpuset_names_cpus_the_host_lacks() -> None:
     assert "cpusets.big.cpus: names CPUs 16-31 this host does not have online" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("cpuset", "note"),
+    [
+        (
+            {"cpus": "inference"},
+            "cpuset: mode 'none' makes no partition and pins nothing: [cpuset] does nothing; "
+            "cpus = 'inference' takes effect with mode = 'root', 'isolated' or 'affinity'",
+        ),
+        (
+            {"cpus": "inference", "favordynmods": True},
+            "cpuset: mode 'none' makes no partition and pins nothing: cpus = 'inference' does "
+            "nothing; it takes effect with mode = 'root', 'isolated' or 'affinity'",
+        ),
+        ({}, "cpuset: mode 'none' makes no partition and pins nothing: [cpuset] does nothing"),
+        (
+            {"mode": "affinity", "cpus": "inference", "cgroup": "mine", "in_place": False},
+            "cpuset: mode 'affinity' makes no cgroup: cgroup and in_place do nothing; they take "
+            "effect with mode = 'root' or 'isolated'",
+        ),
+    ],
+)
+def test_a_cpuset_table_that_does_nothing_says_so(cpuset: dict[str, object], note: str) -> None:
+    """Issue 31, item 8: `[cpuset] cpus = "..."` with mode left at "none" planned without a
+    word."""
+    prof = {
+        "name": "x",
+        "cpusets": {"hk": {"cpus": "0"}, "inference": {"cpus": "1-3"}},
+        "cpuset": cpuset,
+    }
+    notes = _plan("h200-captured", prof).notes
+    assert note in notes, notes
+
+
+def test_a_cpuset_table_that_does_something_has_no_such_note() -> None:
+    notes = _plan("h200-captured", "shared-host.toml").notes
+    assert not any("does nothing" in n for n in notes), notes
+
+
 # -- capture ------------------------------------------------------------------------------------
 
 

@@ -279,6 +279,34 @@ def test_a_placed_process_reniced_is_put_back_by_the_next_drift_check(
 # ---- a setting the kernel refuses: not possible here, not drift ---------------------------------
 
 
+def test_the_daemon_agrees_with_plan_on_a_read_only_proc_irq(tmp_path: Path) -> None:
+    """Issue 31, item 7: the daemon's verify and status count the IRQs of a read-only /proc/irq
+    as plan counts them, not possible here, and no write is tried."""
+    from gputuned.engine.plan import plan_profile
+    from gputuned.profile.load import load_profile
+    from tests.unit.test_cli_engine import RO_PROC_IRQ
+
+    root = tree_copy("h200-captured", tmp_path, server=False)
+    with (root / "proc/self/mountinfo").open("a") as f:
+        f.write(RO_PROC_IRQ)
+    prof = profile_file(tmp_path)
+    plan = plan_profile(tree_kernel(root), load_profile(prof))
+    impossible = {c.key for c in plan.settings if c.not_possible}
+    assert len(impossible) >= 10
+    host = tree_kernel(root)
+    d = Daemon(host, profile_path=prof)
+    d.start()
+    try:
+        st = status(d)
+        assert st["verify"]["drifted"] == 0
+        assert st["verify"]["not possible here"] >= len(impossible)
+        assert impossible <= set(st["not_possible"])
+        assert d.requests.handle({"cmd": "verify"}, ROOT)["exit_code"] == 0
+        assert not any(w.path.startswith("/proc/irq") for w in host.writes)
+    finally:
+        stop(d)
+
+
 @pytest.fixture
 def realtime(tmp_path: Path) -> Iterator[tuple[Daemon, Path]]:
     """shared-host's rules with SCHED_FIFO 10: the partition's cgroup has no RT budget, so

@@ -27,6 +27,8 @@ PROFILES = REPO / "profiles"
 SHIPPED = ("shared-host", "dedicated-inference", "latency-critical")
 
 # Two literal sets most error tests refer to.
+#: The hint for a set name where the profile defines none.
+NO_SETS = "no set is defined; define it first as [cpusets.{}]"
 SETS = """
 name = "t"
 [cpusets.housekeeping]
@@ -201,23 +203,53 @@ def test_references_to_unknown_sets_everywhere(tmp_path: Path) -> None:
     text = SETS + 'exclude = ["hk"]\n[irq]\ngpu_cpus = "gpu"\nothers_cpus = "keep"\n'
     text += '[cpuset]\nmode = "root"\ncpus = "keep"\n[[process]]\nname = "s"\nmatch.comm = "x"\n'
     text += 'match.uid = 0\ncpus = "infer"\n[bootargs]\nnohz_full = "tickless"\n'
-    known = "'housekeeping' or 'inference'"
-    with_keep = "'housekeeping', 'inference' or 'keep'"
+    known = "the sets are: 'housekeeping', 'inference'"
+    keep = "; or 'keep', to leave it as it is"
     assert problems(tmp_path, text) == [
-        ("irq.gpu_cpus", f"unknown CPU set 'gpu'; use {with_keep}"),
-        ("cpuset.cpus", f"unknown CPU set 'keep'; use {known}"),
-        ("process[0].cpus", f"unknown CPU set 'infer'; use {with_keep}"),
-        ("bootargs.nohz_full", f"unknown CPU set 'tickless'; use {known}"),
-        ("cpusets.inference.exclude[0]", f"unknown CPU set 'hk'; use {known}"),
+        ("irq.gpu_cpus", f"unknown CPU set 'gpu'; {known}{keep}"),
+        ("cpuset.cpus", f"unknown CPU set 'keep'; {known}"),
+        ("process[0].cpus", f"unknown CPU set 'infer'; did you mean 'inference'? {known}{keep}"),
+        ("bootargs.nohz_full", f"unknown CPU set 'tickless'; {known}"),
+        ("cpusets.inference.exclude[0]", f"unknown CPU set 'hk'; {known}"),
     ]
 
 
 def test_references_when_no_sets_are_defined(tmp_path: Path) -> None:
     text = 'name = "t"\n[irq]\ngpu_cpus = "gpu"\n[bootargs]\nirqaffinity = "hk"\n'
     assert problems(tmp_path, text) == [
-        ("irq.gpu_cpus", "unknown CPU set 'gpu'; use 'keep'"),
-        ("bootargs.irqaffinity", "unknown CPU set 'hk'; define it first as [cpusets.hk]"),
+        (
+            "irq.gpu_cpus",
+            f"unknown CPU set 'gpu'; {NO_SETS.format('gpu')}; or 'keep', to leave it as it is",
+        ),
+        ("bootargs.irqaffinity", f"unknown CPU set 'hk'; {NO_SETS.format('hk')}"),
     ]
+
+
+def test_a_misspelt_set_name_is_one_error_with_one_hint_in_every_table(tmp_path: Path) -> None:
+    """Issue 31, item 8: `[cpuset] cpus = "inferense"` with mode "none" loaded without a word;
+    every key that takes a set name now says the same."""
+    typo = '"inferense"'
+    text = (
+        SETS + f"[irq]\ngpu_cpus = {typo}\n[workqueues]\ncpus = {typo}\n[cpuset]\ncpus = {typo}\n"
+    )
+    text += f'[[process]]\nname = "s"\nmatch.comm = "x"\nmatch.uid = 0\ncpus = {typo}\n'
+    text += f"[bootargs]\nnohz_full = {typo}\n[neighbours]\ncap_cpus = {typo}\n"
+    hint = (
+        "unknown CPU set 'inferense'; did you mean 'inference'? "
+        "the sets are: 'housekeeping', 'inference'"
+    )
+    found = problems(tmp_path, text)
+    assert sorted(k for k, _ in found) == sorted(
+        [
+            "irq.gpu_cpus",
+            "workqueues.cpus",
+            "cpuset.cpus",
+            "process[0].cpus",
+            "bootargs.nohz_full",
+            "neighbours.cap_cpus",
+        ]
+    )
+    assert all(msg.startswith(hint) for _, msg in found), found
 
 
 def test_exclude_cycles_are_reported_once_with_the_chain(tmp_path: Path) -> None:
@@ -518,7 +550,12 @@ def test_parse_profile_names_the_source(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as info:
         parse_profile({"name": "t", "irq": {"gpu_cpus": "x"}}, "<socket>")
     assert info.value.source == "<socket>"
-    assert info.value.problems == [("irq.gpu_cpus", "unknown CPU set 'x'; use 'keep'")]
+    assert info.value.problems == [
+        (
+            "irq.gpu_cpus",
+            f"unknown CPU set 'x'; {NO_SETS.format('x')}; or 'keep', to leave it as it is",
+        )
+    ]
 
 
 def test_key_path_quotes_keys_that_are_not_bare() -> None:

@@ -189,6 +189,7 @@ def test_the_report_gives_its_time_in_tenths_of_a_millisecond() -> None:
         "failed": [{"target": "u", "error": "e"}],
         "notes": ["n"],
         "seconds": 0.1235,
+        "deactivated": None,
     }
 
 

@@ -354,6 +354,24 @@ def test_read_only_and_faults(tmp_path: Path) -> None:
     assert not (root / "sys/fs/cgroup/g").exists() and host.writes == []
 
 
+def test_a_read_only_mount_refuses_writes_under_it(tmp_path: Path) -> None:
+    """A container's /proc/irq is a read-only bind mount (Docker's ReadonlyPaths): every write
+    under it fails with EROFS (fs/open.c do_dentry_open(): mnt_get_write_access()), a write
+    beside it does not."""
+    root = tree("h200-captured", tmp_path)
+    with (root / "proc/self/mountinfo").open("a") as f:
+        f.write("600 580 0:64 /irq /proc/irq ro,nosuid,nodev,noexec,relatime - proc proc rw\n")
+    host = tree_kernel(root)
+    irq = movable_irq(root)
+    before = digest(root)
+    for path in (f"/proc/irq/{irq}/smp_affinity_list", "/proc/irq/default_smp_affinity"):
+        with pytest.raises(errors.PermissionDenied) as err:
+            host.write_text(path, "1")
+        assert err.value.errno == errno.EROFS
+    assert digest(root) == before
+    host.write_text(f"{CG}/cgroup.subtree_control", "+cpu")  # /sys/fs/cgroup is writable
+
+
 # -- cgroup v2: cpuset partitions ----------------------------------------------------------------
 
 

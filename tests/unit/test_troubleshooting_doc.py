@@ -35,6 +35,8 @@ _REASON_FUNCTIONS = (
     "why_not_in_place",
     "in_place_note",
     "why_no_cpu",
+    "read_only_reason",
+    "unused_keys_note",
 )
 
 #: Reasons that come from outside the call's function: (file, source text) -> where the text
@@ -64,6 +66,14 @@ DYNAMIC: dict[tuple[str, str], str] = {
         "gputuned/tuners/neighbours.py",
         "why_no_cpu(layout.mode)",
     ): "why_no_cpu's returns, checked here (_REASON_FUNCTIONS)",
+    (
+        "gputuned/settings/sysfs.py",
+        'read_only_reason("/proc/irq" if op.path.startswith("/proc/irq/") else op.path)',
+    ): "read_only_reason's return, checked here (_REASON_FUNCTIONS)",
+    (
+        "gputuned/tuners/cpuset.py",
+        "unused_keys_note(cfg)",
+    ): "unused_keys_note's returns, checked here (_REASON_FUNCTIONS)",
 }
 
 

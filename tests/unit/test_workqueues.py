@@ -125,7 +125,13 @@ def test_keep_and_report_only_write_nothing(
 def test_the_set_must_exist() -> None:
     with pytest.raises(ProfileError) as exc:
         parse_profile({"name": "x", "workqueues": {"cpus": "nosuch"}}, "t")
-    assert exc.value.problems == [("workqueues.cpus", "unknown CPU set 'nosuch'; use 'keep'")]
+    assert exc.value.problems == [
+        (
+            "workqueues.cpus",
+            "unknown CPU set 'nosuch'; no set is defined; define it first as [cpusets.nosuch]; "
+            "or 'keep', to leave it as it is",
+        )
+    ]
 
 
 @pytest.mark.parametrize(

@@ -186,7 +186,8 @@ class Config(BaseModel):
 
 
 def _refs(cfg: Config) -> list[Ref]:
-    return [] if cfg.mode == "none" or cfg.cpus is None else [("cpuset.cpus", cfg.cpus, False)]
+    # Named in any mode: a misspelt set is an error even where the mode leaves it unused.
+    return [] if cfg.cpus is None else [("cpuset.cpus", cfg.cpus, False)]
 
 
 TABLE = Table(
