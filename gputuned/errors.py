@@ -60,7 +60,8 @@ class PathEscape(GputunedError):
 
 
 class ProfileError(GputunedError):
-    """A profile is invalid. ``problems`` lists ``(key path, message)`` pairs."""
+    """A profile is invalid. ``problems`` lists ``(key path, message)`` pairs; a problem of the
+    whole file (a TOML syntax error, a file that cannot be read) has the key ``""``."""
 
     exit_code = exitcodes.REFUSED
 
@@ -68,8 +69,18 @@ class ProfileError(GputunedError):
         self.source = source
         self.problems = problems
         lines = [f"{source}: invalid profile; nothing was changed."]
-        lines += [f"  {key}: {msg}" for key, msg in problems]
+        lines += [f"  {key}: {msg}" if key else f"  {msg}" for key, msg in problems]
         super().__init__("\n".join(lines))
+
+
+class ProfileNotFound(ProfileError):
+    """No profile of that name, or no file at that path: nothing was read, so nothing is
+    called invalid. The message says what exists (issue 31, item 6)."""
+
+    def __init__(self, source: str, message: str) -> None:
+        GputunedError.__init__(self, message)
+        self.source = source
+        self.problems = [("", message)]
 
 
 class PlanError(GputunedError):
@@ -85,7 +96,35 @@ class UnsafeInstall(GputunedError):
     exit_code = exitcodes.REFUSED
 
 
+class DaemonError(GputunedError):
+    """An error the daemon answered a control request with: its message, and the class and
+    exit status it had in the daemon, so the client ends as the one-shot path would (issue 31,
+    item 3). ``problems``: a ProfileError's key paths, as the daemon sent them."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_class: str = "GputunedError",
+        exit_code: int = exitcodes.ERROR,
+        problems: list[tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.exit_code = exit_code
+        self.problems = problems
+
+
 class UsageError(GputunedError):
     """The command line is wrong (an unknown option, a bad argument): nothing was done."""
 
     exit_code = exitcodes.USAGE
+
+
+def class_name(exc: BaseException) -> str:
+    """The class this module names for ``exc`` (docs/troubleshooting.md lists them; the
+    daemon's, for its error replies), else Python's."""
+    if isinstance(exc, DaemonError):
+        return exc.error_class
+    ours = [c.__name__ for c in type(exc).__mro__ if c.__module__ == __name__]
+    return ours[0] if ours else type(exc).__name__

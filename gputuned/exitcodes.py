@@ -41,7 +41,8 @@ TABLE = (
     ),
     ExitCode(
         REFUSED,
-        "the profile is invalid, or this host cannot take it (plan's blocked line); "
+        "no such profile, the profile is invalid, or this host cannot take it (plan's blocked "
+        "line); "
         "install-system: a user other than root could change the gputuned it would run; "
         "nothing was changed",
     ),
@@ -54,6 +55,8 @@ TABLE = (
 NOTES = (
     "Under --json every error is also a JSON object on stdout: "
     '{"ok": false, "error": ..., "exit_code": ...}.',
+    "Through the daemon a command exits with the code it has without one: the daemon's "
+    "error reply carries it.",
     "A reader that stops early (| head) changes nothing: the output it leaves is dropped and "
     "the command exits with its own status (top stops, with 0).",
 )

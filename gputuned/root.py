@@ -24,20 +24,25 @@ def open_kernel(root: Path) -> Kernel:
 
 
 def host_root(text: str) -> Path:
-    """``--root``: ``/`` or an existing host tree, given by an absolute path. A relative or
-    mistyped one was made on the first write instead of refused (issue 14, finding 17)."""
-    path = Path(text)
-    if not path.is_absolute():
+    """``--root``: ``/`` or an existing host tree. A relative path is taken from the current
+    folder, here, once (``--root tree``, as docs/multi-gpu.md writes it: issue 31, item 5);
+    a mistyped one is refused, never made on the first write (issue 14, finding 17)."""
+    given = Path(text)
+    try:
+        path = given if given.is_absolute() else Path.cwd() / given
+    except OSError as exc:  # the current folder was removed
         raise argparse.ArgumentTypeError(
-            f"{text!r} is relative; give the tree's absolute path, such as {Path(text).absolute()}"
-        )
+            f"{text!r} is relative and the current folder is gone ({exc.strerror}); give the "
+            "tree's absolute path"
+        ) from None
+    shown = text if given.is_absolute() else f"{text} ({path})"
     if path == Path("/"):
         return path
     if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is not a folder; check the path")
+        raise argparse.ArgumentTypeError(f"{shown} is not a folder; check the path")
     if not ((path / TREE_META).is_file() or (path / "sys").is_dir() or (path / "proc").is_dir()):
         raise argparse.ArgumentTypeError(
-            f"{text} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
+            f"{shown} is not a host tree (no {TREE_META}, sys/ or proc/ in it); make one with "
             "gputunectl capture, or check the path"
         )
     return path

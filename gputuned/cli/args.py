@@ -21,19 +21,26 @@ def add_root(p: argparse.ArgumentParser) -> None:
         "--root",
         type=root.host_root,
         default=Path("/"),
-        help="read (and write) a captured host tree instead of this machine (absolute path)",
+        help="read (and write) a captured host tree instead of this machine (a folder; a "
+        "relative path is taken from the current folder)",
     )
 
 
-def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+#: -v and --json: before the command (gputunectl -v plan) or after it (gputunectl plan -v).
+VERBOSE_HELP = "debug logging on stderr (before or after the command)"
+JSON_HELP = "print machine-readable JSON (before or after the command)"
+
+
+def add_json(p: argparse.ArgumentParser, does: str = JSON_HELP) -> None:
+    """``--json`` after the command; no default, so that one given before it (the top parser's)
+    is kept."""
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=does)
 
 
 def add_active_profile(p: argparse.ArgumentParser) -> None:
     """An optional PROFILE (file or name) that defaults to the applied one."""
     p.add_argument(
         "profile",
-        type=Path,
         nargs="?",
         metavar="PROFILE",
         help="a profile file or name; default: the active one",

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gputuned import __version__, errors, exitcodes, root
-from gputuned.cli.args import Handler, add_json, add_root, print_json
+from gputuned.cli.args import JSON_HELP, VERBOSE_HELP, Handler, add_json, add_root, print_json
 from gputuned.cli.output import ParseError, Parser, error_json, guard_stdout, wants_json
 from gputuned.cli.render import console, render_inspect, shown
 from gputuned.cli.trial import add_trial_command
@@ -151,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"gputunectl {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    # -v and --json go before the command or after it (issue 31, item 4): here, and on each
+    # command (add_json, _verbose_everywhere) with no default, so a command's parser leaves
+    # what was given before it as it was.
+    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("inspect", help="show PCIe links, payload sizes, ASPM and IRQs per GPU")
@@ -166,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plan", help="list every change PROFILE would make here; writes nothing")
     s.add_argument(
-        "profile", type=Path, metavar="PROFILE", help="a profile file, or a profile's name"
+        "profile", metavar="PROFILE", help="a profile file (a / or .toml), or a profile's name"
     )
     add_root(s)
     add_json(s)
@@ -194,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_capture)
 
     s = sub.add_parser("schema", help="print the profile JSON schema")
+    add_json(s, "the schema is JSON with or without it")
     s.set_defaults(func=cmd_schema)
 
     _add_install_commands(sub)
@@ -201,7 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     from gputuned.cli.profilecmds import add_commands
 
     add_commands(sub, add_root, add_json)
+    _verbose_everywhere(p)
     return p
+
+
+def _verbose_everywhere(p: argparse.ArgumentParser) -> None:
+    """``-v`` after the command too, on each command that does not say what it does there."""
+    for s in _commands(p).values():
+        if "-v" not in s._option_string_actions:
+            s.add_argument(
+                "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,7 +239,7 @@ def _run(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        command, as_json = args.command, args.json if "json" in args else as_json
+        command, as_json = args.command, args.json
         handler = logging.StreamHandler()
         handler.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
         logging.basicConfig(
@@ -249,8 +265,9 @@ def _run(argv: list[str]) -> int:
         return exitcodes.INTERRUPTED
     except Exception as exc:  # no input ends in a traceback; -v shows it (a bug to report)
         log.debug("gputunectl %s failed", command, exc_info=True)
+        again = shlex.join(["gputunectl", "-v", *argv])
         what = f"internal error ({type(exc).__name__}: {exc}); this is a bug in gputunectl: " + (
-            "run it again with -v and report the traceback"
+            f"run it again with -v ({again}) and report the traceback"
         )
         return _failed(command, exc, exitcodes.INTERNAL, what, as_json)
 

@@ -76,12 +76,11 @@ def _options(p: argparse.ArgumentParser) -> list[str]:
     for a in _actions(p):
         if a.help == argparse.SUPPRESS:
             continue
-        if a.option_strings:
-            names = ", ".join(a.option_strings)
-            arg = f" {a.metavar or a.dest.upper()}" if a.nargs != 0 else ""
-        else:
-            names, arg = str(a.metavar or a.dest.upper()), ""
-        out += [".TP", f"\\fB{_esc(names)}\\fR{_esc(arg)}", _inline(a.help or "")]
+        # Each name in bold: "-v, --verbose" as \fB-v\fR, \fB--verbose\fR.
+        names = a.option_strings or [str(a.metavar or a.dest.upper())]
+        arg = f" {a.metavar or a.dest.upper()}" if a.option_strings and a.nargs != 0 else ""
+        bold = ", ".join(f"\\fB{_esc(n)}\\fR" for n in names)
+        out += [".TP", f"{bold}{_esc(arg)}", _inline(a.help or "")]
     return out
 
 
@@ -198,7 +197,7 @@ _gputunectl() {{
         case ${{COMP_WORDS[i]}} in -*) ;; *) cmd=${{COMP_WORDS[i]}}; break ;; esac
     done
     if [[ -z $cmd ]]; then
-        COMPREPLY=( $(compgen -W "{top} --help --version --verbose" -- "$cur") )
+        COMPREPLY=( $(compgen -W "{top} --help --version --verbose --json" -- "$cur") )
         return
     fi
     case $cmd in

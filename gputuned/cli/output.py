@@ -54,10 +54,10 @@ def error_json(command: str | None, exc: BaseException, code: int, text: str) ->
         "ok": False,
         "command": command,
         "error": text,
-        "error_class": _class_name(exc),
+        "error_class": errors.class_name(exc),
         "exit_code": code,
     }
-    if isinstance(exc, errors.ProfileError):
+    if isinstance(exc, errors.ProfileError | errors.DaemonError) and exc.problems is not None:
         out["problems"] = [{"key": k, "message": m} for k, m in exc.problems]
     if isinstance(exc, ApplyError):
         out.update(exc.report.to_json())
@@ -66,12 +66,6 @@ def error_json(command: str | None, exc: BaseException, code: int, text: str) ->
     if isinstance(exc, ParseError):
         out.update(command=exc.command, error=exc.message, usage=exc.usage)
     return out
-
-
-def _class_name(exc: BaseException) -> str:
-    """The class gputuned/errors.py names (docs/troubleshooting.md lists them), else Python's."""
-    ours = [c.__name__ for c in type(exc).__mro__ if c.__module__ == errors.__name__]
-    return ours[0] if ours else type(exc).__name__
 
 
 class ReaderGuard:

@@ -38,7 +38,6 @@ import signal
 import sys
 import time
 import tomllib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
@@ -309,7 +308,6 @@ def add_trial_command(sub: Any) -> None:
     s.add_argument(
         "profiles",
         nargs="+",
-        type=Path,
         metavar="PROFILE",
         help="two profiles (A, B), or one with --set",
     )

@@ -60,8 +60,9 @@ def _daemon_runs(kernel: Kernel) -> bool:
         return False  # its socket cannot be probed: said as if none ran (the safe reading)
 
 
-def _profile_path(kernel: Kernel, arg: Path) -> tuple[Path, ProfileDirs]:
-    """PROFILE as given on the command line: a file, else a profile's name (gputunectl list)."""
+def _profile_path(kernel: Kernel, arg: str) -> tuple[Path, ProfileDirs]:
+    """PROFILE as given on the command line (the text: ``./shared-host`` is a path, which
+    argparse's ``type=Path`` made ``shared-host``): a file, else a profile's name."""
     from gputuned.store.profiledirs import ProfileDirs
 
     dirs = ProfileDirs.for_host(kernel)
@@ -73,7 +74,7 @@ def _profile_for(args: argparse.Namespace, kernel: Kernel) -> tuple[Profile, str
     from gputuned.engine.apply import read_active
     from gputuned.profile.load import load_profile, parse_profile
 
-    arg: Path | None = args.profile
+    arg: str | None = args.profile
     if arg is not None:
         path, dirs = _profile_path(kernel, arg)
         return load_profile(path, names=dirs), str(path.absolute())
@@ -111,7 +112,7 @@ def _render_daemon_apply(resp: dict[str, Any]) -> None:
         out.print(f"  failed {shown(f['target'])}: {shown(f['error'])}")
 
 
-def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, Any], str]:
+def _apply_source(kernel: Kernel, arg: str) -> tuple[Profile | None, dict[str, Any], str]:
     """What to apply: (the profile when this side loads it, the daemon's request, the file).
 
     A path is loaded here, as the user running gputunectl (includes too), and its content sent
@@ -121,11 +122,11 @@ def _apply_source(kernel: Kernel, arg: Path) -> tuple[Profile | None, dict[str, 
     from gputuned.profile.load import load_profile
 
     path, dirs = _profile_path(kernel, arg)  # refuse an unknown name here, with the choices
-    if path != arg:
-        return None, {"cmd": "apply", "name": str(arg)}, str(path)
-    profile = load_profile(arg, names=dirs)  # refuse a bad profile here, with its key paths
+    if path != Path(arg):
+        return None, {"cmd": "apply", "name": arg}, str(path)
+    profile = load_profile(path, names=dirs)  # refuse a bad profile here, with its key paths
     data = profile.model_dump(mode="json", by_alias=True, exclude_none=True)
-    source = str(arg.absolute())
+    source = str(path.absolute())
     return profile, {"cmd": "apply", "profile": data, "source": source}, source
 
 
@@ -143,7 +144,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             _render_daemon_apply(resp)
         return 3 if resp["failed"] else 0
     if profile is None:
-        named, dirs = _profile_path(kernel, Path(path))
+        named, dirs = _profile_path(kernel, path)
         profile = load_profile(named, names=dirs)
     # State files others could write are refused now, before plan and the first write, not
     # when apply records its result after every write is done.
@@ -347,7 +348,6 @@ def add_tuning_commands(sub: Any) -> None:
     s = sub.add_parser("apply", help="make this host match PROFILE (one-shot without the daemon)")
     s.add_argument(
         "profile",
-        type=Path,
         metavar="PROFILE",
         help="a profile file, or a profile's name (shared-host; gputunectl list)",
     )
@@ -365,11 +365,21 @@ def add_tuning_commands(sub: Any) -> None:
     add_json(s)
     s.set_defaults(func=cmd_revert)
 
-    s = sub.add_parser("verify", help="compare the host with the applied profile")
+    s = sub.add_parser(
+        "verify",
+        help="compare the host with the applied profile (-v: the settings that passed too)",
+    )
     add_active_profile(s)
     add_root(s)
     add_json(s)
     s.add_argument("--strict", action="store_true", help="'not possible here' fails verify too")
+    s.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also list the settings that passed (without it: only the others, and the counts)",
+    )
     s.add_argument(
         "--prometheus", type=Path, metavar="FILE", help="also write node_exporter textfile metrics"
     )

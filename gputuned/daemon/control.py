@@ -50,7 +50,18 @@ class Requests:
         if PEER_LOG.allow(peer.uid):
             log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
         handler: Callable[[dict[str, Any], PeerCred], dict[str, Any]] = getattr(self, f"_cmd_{cmd}")
-        return handler(req, peer)
+        try:
+            return handler(req, peer)
+        except errors.GputunedError as exc:
+            # One line that it failed (the client has the whole message), bounded like the
+            # line above: a member may send failing requests as fast as it likes.
+            if PEER_LOG.allow(peer.uid):
+                log.warning(
+                    "daemon: control: %s from pid %d uid %d failed (%s, exit %d): %s",
+                    cmd, peer.pid, peer.uid, errors.class_name(exc), exc.exit_code,
+                    _one_line(str(exc)),
+                )  # fmt: skip
+            raise
 
     def _cmd_status(self, _req: dict[str, Any], _peer: PeerCred) -> dict[str, Any]:
         return self.status()
@@ -180,6 +191,13 @@ class Requests:
 
 #: What ``top`` needs of the status: the processes to watch.
 _TOP_KEYS = ("active_profile", "placed", "registered")
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """A message of several lines (a profile's problems) on one, cut at ``limit``; the log's
+    formatter escapes what is left (service/notify.py)."""
+    one = " / ".join(ln.strip() for ln in text.splitlines() if ln.strip())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
 
 
 def _pid() -> int:

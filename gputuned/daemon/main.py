@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--root",
         type=root.host_root,
         default=Path("/"),
-        help="run against a host tree (absolute path)",
+        help="run against a host tree (a relative path is taken from the current folder)",
     )
     p.add_argument("--profile", type=Path, help="apply this profile instead of the active one")
     p.add_argument(

@@ -54,6 +54,7 @@ from gputuned.service.controlproto import (
     PeerCred,
     encode,
     error,
+    failed,
     internal,
     parse_request,
     peer_allowed,
@@ -254,7 +255,7 @@ class ControlServer(StreamServer):
                 )
             body = self._handler(req, cred)
         except errors.GputunedError as exc:
-            return error(str(exc))
+            return failed(exc)
         except Exception as exc:
             log.exception("control socket: command %r from %s failed", cmd[:40], cred)
             # Only root sees the exception's text: it may quote a file the peer cannot read.

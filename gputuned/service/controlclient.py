@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gputuned import errors
+from gputuned import errors, exitcodes
 from gputuned.kernel import Kernel
 from gputuned.kernel.oserrors import translate
 from gputuned.service.controlproto import PROTOCOL_VERSION, PeerCred, encode
@@ -162,5 +162,29 @@ def _parse_response(reply: bytes, path: str) -> dict[str, Any]:
             path=path,
         )
     if resp.get("ok") is not True:
-        raise errors.GputunedError(str(resp.get("error") or "gputuned daemon reported an error"))
+        raise _daemon_error(resp)
     return resp
+
+
+#: The exit statuses an error reply may carry: 0-2 are results, never an error's.
+_ERROR_CODES = frozenset(c.code for c in exitcodes.TABLE) - {
+    exitcodes.OK,
+    exitcodes.DRIFTED,
+    exitcodes.PENDING_REBOOT,
+}
+
+
+def _daemon_error(resp: dict[str, Any]) -> errors.DaemonError:
+    """The daemon's error reply as the error the command raised there: its message, class and
+    exit status (a daemon older than these fields: exit 3, as before)."""
+    code = resp.get("exit_code")
+    cls = resp.get("error_class")
+    problems = resp.get("problems")
+    return errors.DaemonError(
+        str(resp.get("error") or "gputuned daemon reported an error"),
+        error_class=cls if isinstance(cls, str) and cls.isidentifier() else "GputunedError",
+        exit_code=code if type(code) is int and code in _ERROR_CODES else exitcodes.ERROR,
+        problems=[(str(p.get("key", "")), str(p.get("message", ""))) for p in problems]
+        if isinstance(problems, list) and all(isinstance(p, dict) for p in problems)
+        else None,
+    )

@@ -7,6 +7,9 @@ Requests and responses
   in order: a JSON object ending in ``"\\n"`` with ``"v": 1`` and ``"ok"``; ``true`` comes with
   the command's result fields, ``false`` with ``"error"``: a message that says what to do. A
   client may send several requests on one connection. Blank lines are ignored.
+- An error a command raised also carries ``"error_class"`` (its class in gputuned/errors.py)
+  and ``"exit_code"`` (gputuned/exitcodes.py), and a profile's ``"problems"``: gputunectl
+  exits with that code, as it does without the daemon.
 - Errors that leave the connection usable: invalid UTF-8 or JSON (an integer of more digits than
   Python converts, nesting deeper than it parses, included), a value other than an object, a
   missing ``"cmd"``, an unsupported ``"v"`` (``unsupported protocol version X; this daemon
@@ -211,6 +214,17 @@ def _shown(v: object) -> str:
 
 def error(message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": message}
+
+
+def failed(exc: errors.GputunedError) -> dict[str, Any]:
+    """The reply to a request a command raised ``exc`` on: its message, and its class and exit
+    status, so that gputunectl ends as it would have without the daemon (an invalid profile
+    exits 4 both ways: issue 31, item 3); a profile's problems as key paths too."""
+    resp = error(str(exc))
+    resp.update(error_class=errors.class_name(exc), exit_code=exc.exit_code)
+    if isinstance(exc, errors.ProfileError):
+        resp["problems"] = [{"key": k, "message": m} for k, m in exc.problems]
+    return resp
 
 
 def internal(cmd: str, what: str) -> dict[str, Any]:

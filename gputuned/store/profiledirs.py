@@ -16,13 +16,17 @@ same owner and folder checks as any profile (host/userfiles.py; issue 14, findin
 
 from __future__ import annotations
 
+import difflib
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gputuned.errors import ProfileError
+from gputuned.errors import ProfileError, ProfileNotFound
+from gputuned.kernel.oserrors import translate
 
 if TYPE_CHECKING:
     from gputuned.kernel import Kernel
@@ -100,13 +104,14 @@ class ProfileDirs:
         me = os.path.realpath(skip) if skip is not None else None
         for folder in (self.user, self.shipped):
             path = folder / f"{stem}.toml"
-            if path.is_file() and os.path.realpath(path) != me:
+            if _is_file(path) and os.path.realpath(path) != me:
                 return path
         have = sorted({e.name for e in self.entries()})
         known = f"known profiles: {', '.join(have)}" if have else "no profiles found"
-        where = f"{self.user} (yours) and {self.shipped} (shipped)"
-        msg = f"no such profile in {where}; {known} (gputunectl list)"
-        raise ProfileError(stem, [("", msg)])
+        where = f"{self.user} (yours) or {self.shipped} (shipped)"
+        msg = f"no such profile: {stem!r} is not in {where}; {known} (gputunectl list)"
+        close = difflib.get_close_matches(stem, have, n=1)
+        raise ProfileNotFound(stem, msg + (f"; did you mean {close[0]}?" if close else ""))
 
     def resolve(self, arg: str | Path) -> Path:
         """A command line's PROFILE: a path when it has a ``/`` or ends in ``.toml``, else a
@@ -114,10 +119,36 @@ class ProfileDirs:
         (``/tmp/shared-host``) would send root's ``plan shared-host`` elsewhere (issue 30)."""
         text = str(arg)
         if "/" in text or text.endswith(".toml") or not is_profile_name(text):
-            path = Path(arg)
-            stem = text.removesuffix(".toml")
-            if "/" not in text and not path.exists() and is_profile_name(stem):
-                msg = f"no such file here; the profile named {stem!r} is given by its name alone"
-                raise ProfileError(text, [("", f"{msg}, without .toml")])
+            path = Path(text)
+            try:
+                os.stat(path)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise ProfileNotFound(text, self._missing_file(text)) from None
+                # Any other reason (a folder closed to this user) is read_user_file's to say.
             return path
         return self.find(text)
+
+    def _missing_file(self, text: str) -> str:
+        """What a PROFILE given as a path that does not exist is: never a lookup of the name
+        ``nosuch.toml`` seems to hold, but a hint when that name is a profile's."""
+        try:
+            folder = os.path.dirname(os.path.abspath(text))
+        except OSError:  # the current folder was removed
+            folder = os.path.dirname(text) or "the current folder"
+        msg = f"{text} does not exist (no such file in {folder})"
+        stem = text.removesuffix(".toml")
+        if "/" not in text and is_profile_name(stem) and stem in {e.name for e in self.entries()}:
+            msg += f"; the profile named {stem!r} is given by its name alone, without .toml"
+        return msg
+
+
+def _is_file(path: Path) -> bool:
+    """``path`` is a regular file; a folder this user may not search is said, not a crash
+    (a non-root user and /etc/gputuned, which gputuned makes 0700: issue 31, item 6)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False
+        raise translate(exc, "look for a profile at", str(path)) from exc

@@ -58,7 +58,10 @@ def read_user_file(path: str | Path) -> bytes:
                     raise ProfileError(str(path), [("", f"refused: {why}; check the path")])
     except OSError as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ProfileError(str(path), [("", f"cannot read: {reason}; check the path")]) from exc
+        fix = "check the path"
+        if exc.errno == errno.EACCES and not os.path.isabs(path):
+            fix += ", or give it from / (the current folder may be closed to this user)"
+        raise ProfileError(str(path), [("", f"cannot read: {reason}; {fix}")]) from exc
     if not_regular is not None:
         msg = f"refused: not a regular file ({not_regular}); name a profile file"
         raise ProfileError(str(path), [("", msg)])

@@ -141,3 +141,64 @@ def test_hints_keep_the_root(root: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert f"(gputunectl bootargs --root {root}; needs a reboot)" in out
     _, out, _ = run(capsys, "bootargs", "--root", str(root))
     assert f"(gputunectl bootargs --write-grub --root {root} writes" in out
+
+
+# ---- options where users put them; relative paths (issue 31, items 4 and 5) ----------------------
+
+
+def test_v_and_json_work_before_and_after_the_command(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-v`` worked only before the command, ``--json`` only after it."""
+    prof = str(PROFILES / "dedicated-inference.toml")
+    assert run(capsys, "apply", prof, "--root", str(root))[0] == 0
+    quiet = run(capsys, "verify", "--root", str(root))
+    assert quiet[0] == 2 and " passed " not in quiet[1]  # 2: its boot arguments are pending
+    for args in (["-v", "verify"], ["verify", "-v"], ["verify", "--verbose"]):
+        rc, out, err = run(capsys, *args, "--root", str(root))
+        assert (rc, err) == (2, "") and " passed " in out, args
+    for args in (["--json", "list"], ["list", "--json"], ["--json", "plan", prof]):
+        rc, out, err = run(capsys, *args, "--root", str(root))
+        assert rc == 0 and err == "" and out.startswith("{"), args
+    # Every command takes it (schema prints JSON either way).
+    assert run(capsys, "--json", "schema")[0] == run(capsys, "schema", "--json")[0] == 0
+    # The help shows them where they work: before the command, and in each command's usage.
+    top = cli.build_parser().format_help()
+    assert "[-v] [--json] COMMAND" in top
+    for name, sub in cli._commands(cli.build_parser()).items():
+        usage = sub.format_usage()
+        assert "[-v]" in usage, name
+        assert "[--json]" in usage, name
+
+
+def test_verify_help_says_v_shows_the_settings_that_hold(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "-v, --verbose also list the settings that passed" in text
+
+
+def test_an_internal_error_says_where_v_goes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(_args: object) -> int:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cli, "cmd_schema", broken)
+    assert cli.main(["schema"]) == 70
+    err = " ".join(capsys.readouterr().err.split())
+    assert "run it again with -v (gputunectl -v schema) and report the traceback" in err
+
+
+def test_a_relative_root_is_the_tree_under_the_current_folder(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/multi-gpu.md runs ``--root tree``; it was refused ("give the tree's absolute
+    path")."""
+    monkeypatch.chdir(root.parent)
+    rc, out, err = run(capsys, "plan", "shared-host", "--root", root.name)
+    assert (rc, err) == (0, "") and "Profile shared-host" in out
+    rc, _, err = run(capsys, "plan", "shared-host", "--root", "no-such-tree")
+    assert rc == 64 and f"no-such-tree ({root.parent / 'no-such-tree'}) is not a folder" in err

@@ -307,7 +307,13 @@ def test_handler_errors_become_error_responses(served: ControlServer, real: Path
     c = Conn(real)
     for cmd in ("fail", "crash", "unjsonable", "ok"):
         c.send(json.dumps({"v": 1, "cmd": cmd}).encode() + b"\n")
-    assert c.line() == {"v": 1, "ok": False, "error": "the engine is busy; retry in a moment"}
+    assert c.line() == {
+        "v": 1,
+        "ok": False,
+        "error": "the engine is busy; retry in a moment",
+        "error_class": "Busy",  # and its exit code, as without the daemon (issue 31, item 3)
+        "exit_code": 3,
+    }
     crash = c.line()
     assert crash is not None
     assert crash["ok"] is False

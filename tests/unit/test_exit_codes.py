@@ -9,10 +9,12 @@ and what reaches the terminal are all part of what is checked.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,12 @@ import pytest
 from gputuned import exitcodes
 from gputuned.cli import main as cli
 from gputuned.cli.manpages import write_all
+from gputuned.daemon.core import Daemon
+from tests.faults import tree_kernel
+from tests.unit.conftest import Events
 from tests.unit.test_apply import PROFILES, tree_copy
 from tests.unit.test_cpuset import neighbour
+from tests.unit.test_daemon import profile_file
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = str(PROFILES / "shared-host.toml")
@@ -216,3 +222,47 @@ def test_top_stops_when_nobody_reads(root: Path) -> None:
     )
     no_traceback(proc)
     assert proc.returncode == 0
+
+
+# ---- one code whatever path the command takes (issue 31, item 3) ----------------------------------
+
+
+def test_an_invalid_profile_exits_the_same_through_the_daemon(
+    tmp_path: Path,
+    events: Events,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``apply NAME`` of an invalid profile exited 4 one-shot and 3 through the daemon (the
+    daemon loads a name itself), and the daemon logged nothing about the failed request."""
+    root = tree_copy("h200-captured", tmp_path)
+    mine = root / "etc/gputuned/profiles"
+    mine.mkdir(parents=True)
+    (mine / "broken.toml").write_text('name = "broken"\n[irq]\ngpu_cpus = 3\n')
+    args = ["apply", "broken", "--root", str(root), "--json"]
+
+    assert cli.main(args) == exitcodes.REFUSED  # one-shot: no daemon on the tree
+    alone = json.loads(capsys.readouterr().out)
+
+    d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
+    d.start()
+    got: list[int] = []
+    worker = threading.Thread(target=lambda: got.append(cli.main(args)))
+    with caplog.at_level(logging.INFO, logger="gputuned"):
+        worker.start()
+        while worker.is_alive():  # the daemon's turn, as Daemon.run takes it
+            d.loop.run_once(0.02)
+            assert d.control is not None
+            d.control.serve()
+    worker.join()
+    d.stop()
+    served = json.loads(capsys.readouterr().out)
+    assert got == [exitcodes.REFUSED], served
+    assert served["exit_code"] == alone["exit_code"] == exitcodes.REFUSED
+    assert served["error_class"] == alone["error_class"] == "ProfileError"
+    assert served["problems"] == alone["problems"]
+    assert [p["key"] for p in served["problems"]] == ["irq.gpu_cpus"]
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelno == logging.WARNING, caplog.text
+    line = failed[0].getMessage()
+    assert "apply" in line and "uid 0" in line and "irq.gpu_cpus" in line and "\n" not in line

@@ -383,4 +383,4 @@ def test_cli_schema(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_missing_profile(capsys: pytest.CaptureFixture[str]) -> None:
     rc = cli.main(["plan", "/nonexistent/p.toml", "--root", str(TREES_DIR / "ci-vm")])
     assert rc == 4
-    assert "cannot read" in capsys.readouterr().err
+    assert "/nonexistent/p.toml does not exist" in capsys.readouterr().err

@@ -83,12 +83,13 @@ def test_a_file_given_as_a_path_stays_a_path(
     assert dirs.resolve("./shared-host") == Path("./shared-host")
     assert dirs.resolve("mine.toml") == Path("mine.toml")
     assert dirs.resolve("dedicated-inference") == shipped_dir() / "dedicated-inference.toml"
-    assert dirs.resolve("missing/x.toml") == Path("missing/x.toml")  # a path: load says why
+    with pytest.raises(ProfileError, match=r"^missing/x\.toml does not exist \(no such file in "):
+        dirs.resolve("missing/x.toml")  # a path, never a name: no profile is looked up
     with pytest.raises(ProfileError) as exc:
-        dirs.resolve("nosuch.toml")
+        dirs.resolve("shared-host.toml")  # no such file here, but a profile of that name
     assert exc.value.problems == [
-        ("", "no such file here; the profile named 'nosuch' is given by its name alone, "
-             "without .toml")
+        ("", f"shared-host.toml does not exist (no such file in {tmp_path}); the profile "
+             "named 'shared-host' is given by its name alone, without .toml")
     ]  # fmt: skip
 
 
@@ -218,3 +219,107 @@ def test_recommend_without_a_gpu_recommends_nothing(capsys: pytest.CaptureFixtur
     root = str(PROFILES.parent / "tests/data/hosts/ci-vm")
     rc, out, _ = run(capsys, "recommend", "--root", root)
     assert rc == 1 and out.startswith("no profile recommended: no inference GPU on this host")
+
+
+# ---- unknown names, missing files (issue 31, item 6) ----------------------------------------------
+
+
+def test_an_unknown_name_suggests_the_closest_and_is_not_called_invalid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``shared-hots`` was "an invalid profile" with an empty ``: `` key before its message,
+    and no suggestion."""
+    root = str(tree_copy("h200-captured", tmp_path))
+    rc, _, err = run(capsys, "plan", "shared-hots", "--root", root)
+    err = " ".join(err.split())
+    assert rc == 4 and "invalid" not in err and " : " not in err
+    assert "gputunectl plan: no such profile: 'shared-hots' is not in" in err
+    assert "did you mean shared-host?" in err and "gputunectl list" in err
+    rc, out, _ = run(capsys, "plan", "shared-hots", "--root", root, "--json")
+    data = json.loads(out)
+    assert data["error_class"] == "ProfileNotFound" and data["exit_code"] == 4
+    # Nothing close: no guess, the list.
+    rc, _, err = run(capsys, "plan", "zzzz", "--root", root)
+    assert rc == 4 and "did you mean" not in err and "known profiles: " in err
+
+
+def test_a_missing_file_is_a_missing_file_not_a_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``nosuch.toml`` was looked up as the name ``nosuch``; ``./shared-host`` (a path, for
+    it has a ``/``) reached the command as the name ``shared-host``."""
+    root = str(tree_copy("h200-captured", tmp_path / "t"))
+    monkeypatch.chdir(tmp_path)
+    for arg in ("nosuch.toml", "./nosuch.toml", str(tmp_path / "nosuch.toml")):
+        rc, _, err = run(capsys, "plan", arg, "--root", root)
+        err = " ".join(err.split())
+        assert rc == 4 and "does not exist" in err and "profile named" not in err, (arg, err)
+        assert "invalid" not in err and " : " not in err
+    (tmp_path / "shared-host").write_text('name = "local"\n[irq]\ngpu_cpus = 3\n')
+    rc, _, err = run(capsys, "plan", "./shared-host", "--root", root)
+    assert rc == 4 and "irq.gpu_cpus" in err  # the file, not the shipped profile
+
+
+def test_a_whole_file_problem_has_no_empty_key_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("a = [\n")
+    rc, _, err = run(capsys, "plan", str(bad), "--root", str(tree_copy("h200-captured", tmp_path)))
+    assert rc == 4
+    assert err.splitlines()[1] == "  TOML syntax error: Invalid value (at end of document)"
+
+
+def test_a_user_in_an_unreadable_folder_gets_an_answer_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """A non-root user whose current folder is mode 000 got exit 70, "internal error
+    (PermissionError)"; as one whose /etc/gputuned is root's 0700 (gputuned makes it so)."""
+    import os
+    import shutil
+    import site
+    import subprocess
+    import tempfile
+
+    from tests.localuser import NoUser, gputuned_copy, local_user
+
+    work = Path(tempfile.mkdtemp(prefix="gputuned-cwd-"))
+    try:
+        work.chmod(0o755)
+        tree = tree_copy("h200-captured", work)
+        (tree / "etc/gputuned").mkdir(parents=True, exist_ok=True)
+        (tree / "etc/gputuned").chmod(0o700)
+        lib = gputuned_copy(work)
+        with local_user("gputuned-test-cwd") as user:
+            closed = work / "closed"
+            closed.mkdir()
+            os.chown(closed, user.uid, user.gid)
+            closed.chmod(0)
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{lib}:{site.getsitepackages()[0]}"}
+            probe = user.run(user.python, "-c", "import pydantic, rich", env=env)
+            if probe.returncode != 0:
+                pytest.skip(f"{user.name} cannot import gputunectl's packages: {probe.stderr}")
+            for args in (
+                ["list"],
+                ["plan", "shared-host"],
+                ["plan", "nosuch.toml"],
+                ["plan", "./mine.toml"],
+                ["plan", str(PROFILES / "shared-host.toml")],
+            ):
+                done = subprocess.run(
+                    user.argv(user.python, "-m", "gputuned.cli", *args, "--root", str(tree)),
+                    cwd=closed, env=env, capture_output=True, text=True, timeout=120,
+                    check=False,
+                )  # fmt: skip
+                said = done.stdout[-300:] + done.stderr
+                assert done.returncode not in (70, 1) and "internal error" not in said, (args, said)
+                assert "Traceback" not in said
+                if done.returncode != 0:
+                    assert "permission denied" in said.lower(), (args, said)
+    except NoUser as exc:
+        pytest.skip(str(exc))
+    finally:
+        for p in work.rglob("*"):
+            if p.is_dir():
+                p.chmod(0o755)
+        shutil.rmtree(work, ignore_errors=True)
