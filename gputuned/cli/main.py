@@ -92,9 +92,8 @@ def _add_install_commands(sub: Any) -> None:
         ("uninstall-system", "remove what install-system installed", cmd_uninstall_system),
     ):
         s = sub.add_parser(name, help=text)
-        s.add_argument(
-            "--prefix", type=Path, default=Path("/"), help="install under DIR (default: /)"
-        )
+        under = "install under" if name == "install-system" else "remove what was installed under"
+        s.add_argument("--prefix", type=Path, default=Path("/"), help=f"{under} DIR (default: /)")
         s.add_argument(
             "--dry-run", action="store_true", help="say what would change; change nothing"
         )
@@ -208,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub, add_root, add_json)
     _verbose_everywhere(p)
+    _describe(sub)
     return p
 
 
@@ -218,6 +218,15 @@ def _verbose_everywhere(p: argparse.ArgumentParser) -> None:
             s.add_argument(
                 "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
             )
+
+
+def _describe(sub: argparse._SubParsersAction[Parser]) -> None:
+    """Each command's ``--help`` opens with what it does: its line of the command list, as a
+    sentence (a command that has a longer description keeps it)."""
+    for choice in sub._choices_actions:
+        parser = sub.choices[choice.dest]
+        if parser.description is None and choice.help:
+            parser.description = f"{choice.help[0].upper()}{choice.help[1:]}."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,25 @@ The profile applied last; the service applies it at boot.
 Journal of every original value, lock, control socket.
 """
 
+#: gputunectl(8)'s EXAMPLES, a day's commands in order (the tests parse each one).
+EXAMPLES = (
+    ("gputunectl recommend", "which shipped profile fits this host, and why"),
+    (
+        "gputunectl plan shared-host",
+        "every change the shared-host profile would make; writes nothing",
+    ),
+    ("gputunectl apply shared-host", "make the host match it; every old value is journaled first"),
+    ("gputunectl active", "the name of the profile applied here, or none"),
+    ("gputunectl verify --strict", "compare the host with it: exit 1 when a setting drifted"),
+    ("gputunectl status", "the journal, what could not be applied, the daemon's counters"),
+    ("gputunectl register 4242", "place process 4242 by the first rule now (the daemon keeps it)"),
+    ("gputunectl revert", "put back every value gputuned changed"),
+    (
+        "gputunectl plan shared-host --root /srv/trees/h200",
+        "plan against a tree another host's gputunectl capture wrote",
+    ),
+)
+
 
 def _esc(text: str) -> str:
     """Text for a roff line: backslashes doubled, a leading '.' or "'" made literal; the docs
@@ -114,6 +133,9 @@ def command_page(
             out += [".SS " + _esc(sub_name), _inline(text), ".PP", f".B {_esc(_usage(sub))}"]
             out += [".RS", *_options(sub), ".RE"]
     if name == "gputunectl":
+        out.append(".SH EXAMPLES")
+        for command, meaning in EXAMPLES:
+            out += [".TP", f".B {_esc(command)}", _inline(meaning)]
         out += exit_status()
     out += [".SH FILES", _FILES.rstrip("\n")]
     see = "gputuned (8), gputuned\\-profile (5)" if name == "gputunectl" else ""
@@ -136,7 +158,8 @@ def exit_status() -> list[str]:
 
 def markdown_page(markdown: str, name: str, section: int, title: str) -> str:
     """A man page from the Markdown of docs/profiles.md (headings, lists, code, tables)."""
-    return "\n".join(_head(name, section, title) + _roff(markdown)) + "\n"
+    # The Markdown's opening paragraphs, before its first heading, say what the file is.
+    return "\n".join([*_head(name, section, title), ".SH DESCRIPTION", *_roff(markdown)]) + "\n"
 
 
 def _roff(markdown: str) -> list[str]:
@@ -167,31 +190,83 @@ def _roff(markdown: str) -> list[str]:
     return out
 
 
+#: What a value is completed from (bash functions of the script below), by what the parser
+#: calls it: folders, a file, a process, a profile's name or a .toml path.
+_VALUE_KINDS = {"root": "dirs", "prefix": "dirs", "DIR": "dirs", "FILE": "files"}
+_VALUE_KINDS |= {"PID": "pids", "pid": "pids", "PROFILE": "profiles"}
+
+
+def _completes(a: argparse.Action) -> str:
+    """The bash words that complete ``a``'s value: its choices, or a helper by
+    :data:`_VALUE_KINDS`; ``return`` (nothing) for a value no list can guess (a number)."""
+    if a.choices:
+        return f'COMPREPLY=( $(compgen -W "{" ".join(map(str, a.choices))}" -- "$cur") )'
+    kind = _VALUE_KINDS.get(str(a.metavar)) or _VALUE_KINDS.get(a.dest)
+    return f"__gputunectl_{kind}" if kind else "return"
+
+
+def _command_case(name: str, sub: argparse.ArgumentParser) -> str:
+    """One command's case: an option's value after the option, else a positional's value
+    (unless the word starts with ``-``), else the command's options."""
+    actions = list(_actions(sub))
+    opts = " ".join(o for a in actions for o in a.option_strings)
+    values = [
+        f"                {'|'.join(a.option_strings)}) "
+        + ("return ;;" if then == "return" else f"{then}; return ;;")
+        for a in actions
+        if a.option_strings and a.nargs != 0
+        for then in [_completes(a)]
+    ]
+    positional = next((_completes(a) for a in actions if not a.option_strings), "")
+    lines = [f"        {name})"]
+    if values:
+        lines += ["            case $prev in", *values, "            esac"]
+    if positional and positional != "return":
+        lines.append(f"            [[ $cur == -* ]] || {{ {positional}; return; }}")
+    lines += [f'            COMPREPLY=( $(compgen -W "{opts} --help" -- "$cur") ) ;;']
+    return "\n".join(lines)
+
+
 def bash_completion(p: argparse.ArgumentParser) -> str:
-    """A bash completion for gputunectl: commands, each command's options, profile names."""
+    """A bash completion for gputunectl: commands, each command's options, and their values:
+    folders for ``--root``, PIDs for ``register``, profile names or ``.toml`` paths."""
     subs = _subcommands(p)
-    cases = []
-    for name, (_text, sub) in subs.items():
-        opts = " ".join(o for a in _actions(sub) for o in a.option_strings)
-        takes_profile = any(not a.option_strings and a.metavar == "PROFILE" for a in _actions(sub))
-        words = f"{opts} --help" + (" $(__gputunectl_profiles)" if takes_profile else "")
-        line = f'        {name}) COMPREPLY=( $(compgen -W "{words}" -- "$cur") )'
-        if takes_profile or name == "capture":
-            line += '; COMPREPLY+=( $(compgen -f -- "$cur") )'
-        cases.append(line + " ;;")
     top = " ".join(subs)
-    body = "\n".join(cases)
+    body = "\n".join(_command_case(name, sub) for name, (_text, sub) in subs.items())
     return f"""# bash completion for gputunectl (generated by python -m gputuned.cli.manpages from its parser)
 
+__gputunectl_dirs() {{
+    compopt -o filenames 2>/dev/null
+    COMPREPLY=( $(compgen -d -- "$cur") )
+}}
+
+__gputunectl_files() {{
+    compopt -o filenames 2>/dev/null
+    COMPREPLY=( $(compgen -f -- "$cur") )
+}}
+
+__gputunectl_pids() {{
+    local p pids=()
+    for p in /proc/[0-9]*; do pids+=( "${{p#/proc/}}" ); done
+    COMPREPLY=( $(compgen -W "${{pids[*]}}" -- "$cur") )
+}}
+
+# A PROFILE is a path when it has a / or ends in .toml, else a name in the profile folders
+# (gputuned/store/profiledirs.py): names from those folders, .toml files and folders for paths.
 __gputunectl_profiles() {{
-    local d f
-    for d in /etc/gputuned/profiles /usr/share/gputuned/profiles; do
-        for f in "$d"/*.toml; do [ -e "$f" ] && f=${{f##*/}} && printf '%s ' "${{f%.toml}}"; done
-    done
+    local d f names=()
+    compopt -o filenames 2>/dev/null
+    if [[ $cur != */* ]]; then
+        for d in /etc/gputuned/profiles /usr/share/gputuned/profiles; do
+            for f in "$d"/*.toml; do [ -e "$f" ] && f=${{f##*/}} && names+=( "${{f%.toml}}" ); done
+        done
+    fi
+    COMPREPLY=( $(compgen -W "${{names[*]}}" -- "$cur") $(compgen -d -- "$cur") )
+    COMPREPLY+=( $(compgen -f -X '!*.toml' -- "$cur") )
 }}
 
 _gputunectl() {{
-    local cur=${{COMP_WORDS[COMP_CWORD]}} cmd=""
+    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} cmd=""
     local i
     for ((i = 1; i < COMP_CWORD; i++)); do
         case ${{COMP_WORDS[i]}} in -*) ;; *) cmd=${{COMP_WORDS[i]}}; break ;; esac

@@ -1,4 +1,5 @@
-"""``gputunectl list``, ``show NAME`` and ``recommend``: profiles by name (issue 19, item 2).
+"""``gputunectl list``, ``show NAME``, ``recommend`` and ``active``: profiles by name (issue
+19, item 2; ``active``: issue 31).
 
 The folders and the look-up are gputuned/store/profiledirs.py; what fits a host is
 gputuned/engine/recommend.py. This module is the commands and their output only.
@@ -221,6 +222,21 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0 if rec.recommended else 1
 
 
+# ---- active --------------------------------------------------------------------------------------
+
+
+def cmd_active(args: argparse.Namespace) -> int:
+    """One line, as ``tuned-adm active`` answers: the name of the profile applied here, or
+    ``none``. Read from active.json, as ``status`` reads it without the daemon; exit 0 either
+    way (``none`` is an answer, not an error)."""
+    name, path = _active(open_kernel(args.root))
+    if args.json:
+        _print_json({"active_profile": name, "source": path})
+    else:
+        sys.stdout.write(f"{name or 'none'}\n")
+    return 0
+
+
 # ---- the parsers --------------------------------------------------------------------------------
 
 
@@ -240,3 +256,8 @@ def add_commands(sub: Any, add_root: AddOption, add_json: AddOption) -> None:
     add_root(s)
     add_json(s)
     s.set_defaults(func=cmd_recommend)
+
+    s = sub.add_parser("active", help="the name of the profile applied here, or none")
+    add_root(s)
+    add_json(s)
+    s.set_defaults(func=cmd_active)

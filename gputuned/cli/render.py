@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -13,7 +14,7 @@ from gputuned.textsafe import printable
 if TYPE_CHECKING:
     from gputuned.engine.apply import ApplyReport, RevertReport
     from gputuned.engine.plan import PlanResult
-    from gputuned.engine.verify import VerifyReport
+    from gputuned.engine.verify import Line, VerifyReport
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -309,19 +310,37 @@ def render_verify(report: VerifyReport, *, verbose: bool) -> None:
 
     out = console()
     styles = {"passed": "green", "drifted": "bold red", "pending reboot": "magenta"}
-    for ln in report.lines:
-        if ln.status == PASSED and not verbose:
-            continue
+    for group in _alike(ln for ln in report.lines if verbose or ln.status != PASSED):
+        ln = group[0]
         style = styles.get(ln.status, "yellow")
         detail = f"live {ln.live}, wanted {ln.wanted}" if ln.live != "-" else ""
         reason = f" — {ln.reason}" if ln.reason else ""
+        count = f" ({len(group)} settings)" if len(group) > 1 else ""
         out.print(
-            f"[{style}]{ln.status:>17}[/] {ln.tuner} {shown(ln.target)} {shown(detail)}{shown(reason)}"
+            f"[{style}]{ln.status:>17}[/] {shown(_targets(group))} {shown(detail)}"
+            f"{shown(reason)}{count}"
         )
     counts = ", ".join(f"{report.count(s)} {s}" for s in STATUSES if report.count(s))
     out.print(
         f"verify {shown(report.profile)}: {counts or 'no settings'} (exit {report.exit_code})"
     )
+
+
+def _alike(lines: Iterable[Line]) -> list[list[Line]]:
+    """verify's lines grouped where all but the target is the same (19 IRQs drifted from and
+    to the same CPUs for one reason: one line), in the order each group first appears."""
+    groups: dict[tuple[str, ...], list[Line]] = {}
+    for ln in lines:
+        groups.setdefault((ln.status, ln.tuner, ln.live, ln.wanted, ln.reason), []).append(ln)
+    return list(groups.values())
+
+
+def _targets(group: list[Line]) -> str:
+    """``irq 24 (ACPI:Ged), 25 (ttyS0)``: the tuner named once, where a target already starts
+    with it not twice (``irq irq 24``)."""
+    tuner = group[0].tuner
+    names = [ln.target.removeprefix(f"{tuner} ") for ln in group]
+    return f"{tuner} {', '.join(names)}"
 
 
 def self_binding_line(sb: dict[str, Any]) -> str:
@@ -356,11 +375,17 @@ def render_status(data: dict[str, Any]) -> None:
     if d:
         out.print(
             f"Daemon: PID {d['pid']}, {shown(d['status'])}; process events by {d['watcher']}; "
-            f"{d['placements']} placement(s), {d['repairs']} drift repair(s), "
-            f"{d['replans']} udev re-plan(s), {d['reloads']} reload(s)"
+            f"{d['repairs']} drift repair(s), {d['replans']} udev re-plan(s), "
+            f"{d['reloads']} reload(s)"
         )
-        if data.get("placed"):
-            out.print(f"Placed processes: {', '.join(map(str, data['placed']))}")
+        # Two counts that read as one: the processes placed now (by the last full apply or
+        # as they started), and how many times a new process was placed since the start.
+        placed = data.get("placed") or []
+        now = f"{len(placed)} now ({', '.join(map(str, placed))})" if placed else "none now"
+        out.print(
+            f"Placed processes: {now}; {d['placements']} placement(s) of new processes since "
+            "the daemon started"
+        )
         for note in data.get("notes") or []:
             out.print(f"  [yellow]note[/] {shown(note)}")
         for sb in data.get("self_binding") or []:

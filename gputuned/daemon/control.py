@@ -47,8 +47,11 @@ class Requests:
             raise errors.GputunedError(
                 f"unknown command '{printable(cmd)[:40]}'; see gputunectl --help"
             )
-        if PEER_LOG.allow(peer.uid):
-            log.info("daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
+        # A request that changes the host is news; a read (status every few seconds from a
+        # dashboard) is not.
+        level = logging.INFO if BY_NAME[cmd].changes else logging.DEBUG
+        if log.isEnabledFor(level) and PEER_LOG.allow(peer.uid):
+            log.log(level, "daemon: control: %s from pid %d uid %d", cmd, peer.pid, peer.uid)
         handler: Callable[[dict[str, Any], PeerCred], dict[str, Any]] = getattr(self, f"_cmd_{cmd}")
         try:
             return handler(req, peer)

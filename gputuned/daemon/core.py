@@ -317,6 +317,8 @@ class Daemon(Keeper):
         except Exception as exc:
             self._reload_failed(exc, old)
             return
+        was = old[0].name if old[0] is not None else "none"
+        log.info("daemon: reload: %s from %s (was %s)", prof.name if prof else "none", src, was)
         self.profile, self.source = prof, src
         self.counters["reloads"] += 1
         if self.profile is not None:

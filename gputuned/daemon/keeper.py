@@ -186,8 +186,23 @@ class Keeper:
         self._drift_ticks = 0
         for w in report.written:
             log.info("daemon: %s: set %s: %s -> %s", why, w["target"], w["old"], w["new"])
+        for rs in report.restored:
+            log.info("daemon: %s: restored %s to %s (not in this profile)", why, rs["target"],
+                     rs["value"])  # fmt: skip
         for f in report.failed:
             log.error("daemon: %s: %s failed: %s", why, f["target"], f["error"])
+        log.info(
+            "daemon: %s: applied %s: %d write(s), %d restored, %d already right, %d not possible "
+            "here, %d failed, in %.1f ms",
+            why,
+            self.profile.name,
+            len(report.written),
+            len(report.restored),
+            len(plan.settings) - len(plan.changes),
+            len(report.not_possible),
+            len(report.failed),
+            report.seconds * 1e3,
+        )
         self._keep_alive()
         placing.refresh_placed(self)
         self.binding_warnings = {}

@@ -16,6 +16,7 @@ from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import CpuSetSpec
 from gputuned.profile.messages import is_model, unwrap
 from gputuned.profile.model import profile_model
+from gputuned.store.profiledirs import shipped_dir
 
 
 def profile_schema() -> dict[str, Any]:
@@ -61,8 +62,9 @@ def render_profile_docs() -> str:
         "",
         inspect.cleandoc(model_module.__doc__ or ""),
         "",
-        "Shipped profiles, commented line by line: `profiles/shared-host.toml`, "
-        "`profiles/dedicated-inference.toml`, `profiles/latency-critical.toml`.",
+        "Shipped profiles, commented line by line: "
+        + ", ".join(f"`profiles/{p.name}`" for p in sorted(shipped_dir().glob("*.toml")))
+        + ".",
         "",
         "## Top-level keys",
         "",

@@ -70,6 +70,10 @@ class _PriorityPrefix(logging.Formatter):
     }
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802  (logging's name)
+        # ``%(where)s``: the logger under gputuned's own, ``engine.apply: ``; none for the
+        # daemon's ``gputuned`` (journald names the line ``gputuned[PID]:`` already).
+        where = record.name.removeprefix("gputuned").removeprefix(".")
+        record.where = f"{where}: " if where else ""
         # The message quotes process names, command lines, profiles and peers' requests:
         # other users' text (textsafe), on one line (a newline there would start a line of
         # its own, with a priority prefix of the sender's choosing) and bounded.
@@ -100,7 +104,7 @@ def setup_logging(*, debug: bool, to_journal: bool) -> str:
         except ImportError:
             pass
     h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(_PriorityPrefix("%(name)s: %(message)s"))
+    h.setFormatter(_PriorityPrefix("%(where)s%(message)s"))
     root.addHandler(h)
     return "stderr"
 

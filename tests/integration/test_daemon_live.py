@@ -18,7 +18,8 @@ import pytest
 from gputuned.kernel.proc import read_process
 from tests.faults import live_kernel
 
-pytestmark = pytest.mark.usefixtures("as_root")
+# Placed within milliseconds: by the proc connector's events (polling is a second behind).
+pytestmark = [pytest.mark.usefixtures("as_root"), pytest.mark.needs("proc_connector")]
 
 WORKLOAD = textwrap.dedent(
     """

@@ -28,7 +28,8 @@ from gputuned.profile.load import parse_profile
 from gputuned.store.state import ETC_DIR, JOURNAL
 from tests.faults import live_kernel
 
-pytestmark = pytest.mark.usefixtures("as_root")
+# The IRQ tuner writes default_smp_affinity: a container's read-only /proc/irq cannot take it.
+pytestmark = [pytest.mark.usefixtures("as_root"), pytest.mark.needs("movable_irq")]
 
 CHILD = textwrap.dedent(
     """

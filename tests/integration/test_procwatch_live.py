@@ -134,6 +134,7 @@ def check_events(r: Run, within: float) -> dict[str, float]:
     return delays
 
 
+@pytest.mark.needs("proc_connector")
 def test_netlink_exec_threads_exit(monkeypatch: pytest.MonkeyPatch) -> None:
     # Keep the kernel's timestamps (CLOCK_MONOTONIC, like time.monotonic) of every exec, to tell
     # the kernel's part of the delay from this test's (the launcher thread holds the GIL).
@@ -210,6 +211,7 @@ def test_refused_connector_falls_back_to_polling(
     assert "CAP_NET_ADMIN" in rec.getMessage() and "polling /proc every 0.25 s" in rec.getMessage()
 
 
+@pytest.mark.needs("proc_connector")
 def test_overflow_is_reported() -> None:
     # The smallest receive buffer the kernel allows (SOCK_MIN_RCVBUF) holds a handful of events;
     # a child making 200 threads while nobody reads overflows it.

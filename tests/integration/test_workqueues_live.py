@@ -23,7 +23,7 @@ from gputuned.profile.load import parse_profile
 from gputuned.store.state import ETC_DIR, JOURNAL
 from tests.faults import live_kernel
 
-pytestmark = pytest.mark.usefixtures("as_root")
+pytestmark = [pytest.mark.usefixtures("as_root"), pytest.mark.needs("writable_workqueues")]
 
 PROFILE = {
     "name": "workqueues-live",

@@ -304,7 +304,8 @@ def test_a_members_requests_log_a_bounded_number_of_lines(
     d = Daemon(tree_kernel(root), profile_path=profile_file(tmp_path))
     d.start()
     member = PeerCred(4242, 1000, 1000)
-    with caplog.at_level(logging.INFO, logger="gputuned"):
+    # A read is logged at debug (issue 31): the bound holds where debug lines are on.
+    with caplog.at_level(logging.DEBUG, logger="gputuned"):
         for i in range(200):
             with pytest.raises(errors.GputunedError):
                 d.requests.handle({"cmd": f"statusX\n<0>forged {i}"}, member)

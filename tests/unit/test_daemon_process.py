@@ -93,6 +93,6 @@ def test_daemon_process_cycle(daemon: tuple[subprocess.Popen[str], NotifyListene
     notify.wait_for("STOPPING=1")
     assert proc.wait(timeout=20) == 0
     _, err = proc.communicate()
-    assert "<6>gputuned: daemon: ready" in err  # syslog priority prefixes on stderr
+    assert "<6>daemon: ready" in err  # syslog priority prefixes on stderr
     assert (root / "proc/irq/42/smp_affinity_list").read_text() == "0-15\n"
     assert before_digest is None and digest(root)
