@@ -252,7 +252,7 @@ __gputunectl_pids() {{
 }}
 
 # A PROFILE is a path when it has a / or ends in .toml, else a name in the profile folders
-# (gputuned/store/profiledirs.py): names from those folders, .toml files and folders for paths.
+# (gputunectl(8), FILES): names from those folders, .toml files and folders for paths.
 __gputunectl_profiles() {{
     local d f names=()
     compopt -o filenames 2>/dev/null

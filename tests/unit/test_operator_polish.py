@@ -87,7 +87,7 @@ def test_every_command_help_has_a_description(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         cli.main(["verify", "--help"])
     out = capsys.readouterr().out
-    assert "Compare the host with the applied profile." in out
+    assert "Compare the host with the applied profile (-v: the settings that passed too)." in out
 
 
 def test_uninstall_system_prefix_says_remove_from() -> None:
