@@ -146,7 +146,7 @@ def test_unprivileged_user_is_refused(user: TestUser, caplog: pytest.LogCaptureF
     denied = "permission denied: gputuned's control socket is for root"
     assert out["line"] == {"v": 1, "ok": False, "error": denied}
     assert out["closed"] is True
-    assert out["request_error"] == ["GputunedError", denied]
+    assert out["request_error"] == ["DaemonError", denied]  # the daemon's refusal, as it sent it
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert refusals, "the refusal was not logged"
     assert all(f"uid {user.uid} " in m and "pid " in m for m in refusals), refusals
@@ -177,4 +177,4 @@ def test_members_of_the_control_group_are_accepted(user: TestUser) -> None:
         out = user.run(f"--regid={nogroup}", "--clear-groups")
     denied = f"permission denied: gputuned's control socket is for root (or group {USER})"
     assert out["line"] == {"v": 1, "ok": False, "error": denied}
-    assert out["request_error"] == ["GputunedError", denied]
+    assert out["request_error"] == ["DaemonError", denied]  # the daemon's refusal, as it sent it
