@@ -11,15 +11,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gputuned.kernel.live import LiveKernel
 from gputuned.kernel.port import TREE_META, Kernel
-from gputuned.sim.tree import SimKernel
 
 
 def open_kernel(root: Path) -> Kernel:
     """The kernel of the machine (``/``) or of the host tree at ``root``."""
+    # Imported here, each only when chosen: a command on a tree never loads the live backend,
+    # one on this machine never the simulator, and --help neither (issue 31, item 2).
     if Path(root) == Path("/"):
+        from gputuned.kernel.live import LiveKernel
+
         return LiveKernel()
+    from gputuned.sim.tree import SimKernel
+
     return SimKernel(root)
 
 

@@ -15,7 +15,6 @@ from typing import Any
 from gputuned import __version__, errors, exitcodes, root
 from gputuned.cli.args import JSON_HELP, VERBOSE_HELP, Handler, add_json, add_root, print_json
 from gputuned.cli.output import ParseError, Parser, error_json, guard_stdout, wants_json
-from gputuned.cli.render import console, render_inspect, shown
 from gputuned.cli.trial import add_trial_command
 from gputuned.cli.tuning import add_tuning_commands, cmd_plan
 from gputuned.textsafe import PrintableFormatter
@@ -24,6 +23,7 @@ log = logging.getLogger("gputunectl")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import render_inspect
     from gputuned.engine.inspect import inspect
 
     data = inspect(root.open_kernel(args.root), all_functions=args.all)
@@ -35,6 +35,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import console
     from gputuned.kernel.capture import capture
 
     err = console(stderr=True)
@@ -291,6 +292,8 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 
 
 def _failed(command: str | None, exc: BaseException, code: int, text: str, as_json: bool) -> int:
+    from gputuned.cli.render import console, shown
+
     # Escaped: messages carry profile keys such as "[cpusets.inference]", not markup.
     name = f"gputunectl {command}" if command else "gputunectl"
     console(stderr=True).print(f"[bold red]{name}:[/] {shown(text)}", highlight=False)

@@ -33,7 +33,7 @@ def _print_json(data: Any) -> None:
 
 def _active(kernel: Kernel) -> tuple[str | None, str | None]:
     """(name, file) of the profile applied last on this host, as active.json records them."""
-    from gputuned.engine.apply import read_active
+    from gputuned.engine.applied import read_active
 
     active = read_active(kernel)
     if active is None:
@@ -57,7 +57,8 @@ def _describe(entry: Entry, dirs: ProfileDirs) -> tuple[str, str | None]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from gputuned.cli.render import console, shown
+    from gputuned.cli.markup import Lines
+    from gputuned.cli.render import shown
 
     kernel = open_kernel(args.root)
     dirs = ProfileDirs.for_host(kernel)
@@ -87,7 +88,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             }
         )
         return 0
-    out = console()
+    out = Lines()
     width = max((len(r["name"]) for r in rows), default=4)
     out.print(f"  {'NAME':<{width}}  {'FROM':<7}  DESCRIPTION")
     for r in rows:

@@ -1,27 +1,30 @@
-"""Human-readable output (rich tables) for inspect and plan. JSON output bypasses this."""
+"""Human-readable output (rich tables) for inspect and plan. JSON output bypasses this.
+
+rich is loaded where a table or a terminal needs it; status, verify and list print lines of
+markup through :class:`gputuned.cli.markup.Lines`, which loads it only for a terminal (issue 31).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
+from gputuned.cli import markup
+from gputuned.cli.markup import Lines, escape
 from gputuned.textsafe import printable
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
     from gputuned.engine.apply import ApplyReport, RevertReport
     from gputuned.engine.plan import PlanResult
     from gputuned.engine.verify import Line, VerifyReport
 
 
 def console(*, stderr: bool = False) -> Console:
-    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    if not out.is_terminal:
-        out.width = 160  # piped into a log or a file: rich would assume 80 columns
-    return out
+    """gputunectl's rich console (made in gputuned/cli/markup.py)."""
+    return markup.console(stderr=stderr)
 
 
 def shown(value: object) -> str:
@@ -50,6 +53,8 @@ def _known(value: object) -> str:
 
 
 def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
+    from rich.table import Table
+
     out = console()
     pol = data["aspm_policy"]
     writable = {True: "writable", False: "not writable", None: "writability unknown"}[
@@ -107,6 +112,8 @@ def render_inspect(data: dict[str, Any], *, all_functions: bool) -> None:
 
 def render_topology(topo: dict[str, Any]) -> None:
     """inspect's topology section: NUMA nodes, SMT, and per GPU its node and local CPUs."""
+    from rich.table import Table
+
     out = console()
     out.print(f"CPUs {topo['online']}: {shown(topo['smt'])}")
     nodes = Table(title="NUMA nodes", show_lines=False)
@@ -146,6 +153,8 @@ def render_layout(layout: dict[str, Any]) -> None:
     """plan's CPU layout: the resolved sets per GPU and per NUMA node, and the partitions."""
     if not layout:
         return
+    from rich.table import Table
+
     out = console()
     if layout["gpus"]:
         names = sorted({n for g in layout["gpus"] for n in g["sets"]})
@@ -222,6 +231,8 @@ def plan_counts(result: PlanResult) -> str:
 
 
 def _changes_table(result: PlanResult) -> Table:
+    from rich.table import Table
+
     quiet, cannot = len(result.report_only), len(result.not_possible_here)
     title = f"{len(result.to_make)} change(s)"
     if quiet:
@@ -308,7 +319,7 @@ def render_revert(report: RevertReport, root_option: str = "") -> None:
 def render_verify(report: VerifyReport, *, verbose: bool) -> None:
     from gputuned.engine.verify import PASSED, STATUSES
 
-    out = console()
+    out = Lines()
     styles = {"passed": "green", "drifted": "bold red", "pending reboot": "magenta"}
     for group in _alike(ln for ln in report.lines if verbose or ln.status != PASSED):
         ln = group[0]
@@ -355,7 +366,7 @@ def self_binding_line(sb: dict[str, Any]) -> str:
 
 
 def render_status(data: dict[str, Any]) -> None:
-    out = console()
+    out = Lines()
     others = data.get("coexistence") or []
     if data.get("grub_dropin"):
         out.print(

@@ -37,18 +37,15 @@ import math
 import signal
 import sys
 import time
-import tomllib
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
 from gputuned.cli.args import add_json, add_root, print_json
-from gputuned.cli.render import console, shown
 from gputuned.kernel import Kernel
-from gputuned.trial.meter import meter
-from gputuned.trial.windows import Pair, Rule, Trial, Verdict, parse_rule, run_trial
 
 if TYPE_CHECKING:
     from gputuned.profile.model import Profile
+    from gputuned.trial.windows import Pair, Rule, Verdict
 
 
 def _sides(kernel: Kernel, args: argparse.Namespace) -> dict[str, tuple[Profile, str]]:
@@ -88,6 +85,8 @@ def _sides(kernel: Kernel, args: argparse.Namespace) -> dict[str, tuple[Profile,
 
 def _values(text: str) -> list[Any]:
     """Two TOML values, comma-separated ("8,12", "'root','isolated'", "true,false")."""
+    import tomllib
+
     try:
         return list(tomllib.loads(f"v = [{text}]")["v"])
     except tomllib.TOMLDecodeError:
@@ -193,6 +192,11 @@ def _first_pids(
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
+    # Here, not at the top: every other command builds this command's parser (issue 31).
+    from gputuned.cli.render import console, shown
+    from gputuned.trial.meter import meter
+    from gputuned.trial.windows import Rule, Trial, parse_rule, run_trial
+
     kernel = root.open_kernel(args.root)
     if args.rule:
         rule = parse_rule(args.rule)
@@ -288,6 +292,8 @@ def _report(
             }
         )
         return
+    from gputuned.cli.render import console, shown
+
     out = console()
     if verdict.winner is None:
         out.print(shown(verdict.why))

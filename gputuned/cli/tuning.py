@@ -5,21 +5,13 @@ socket), else does the work itself (one-shot mode)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputuned import errors, root
 from gputuned.cli.args import add_active_profile, add_json, add_root, print_json, root_option
-from gputuned.cli.render import (
-    console,
-    render_apply,
-    render_plan,
-    render_revert,
-    render_status,
-    render_verify,
-    shown,
-)
 from gputuned.kernel import Kernel
 from gputuned.store.state import ACTIVE, GRUB_DROPIN, check_state_files
 
@@ -29,6 +21,7 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import render_plan
     from gputuned.engine.plan import plan_profile
     from gputuned.profile.load import load_profile
 
@@ -71,7 +64,7 @@ def _profile_path(kernel: Kernel, arg: str) -> tuple[Path, ProfileDirs]:
 
 def _profile_for(args: argparse.Namespace, kernel: Kernel) -> tuple[Profile, str]:
     """The profile named on the command line, else the one applied last on this host."""
-    from gputuned.engine.apply import read_active
+    from gputuned.engine.applied import read_active
     from gputuned.profile.load import load_profile, parse_profile
 
     arg: str | None = args.profile
@@ -99,6 +92,8 @@ def _daemon(kernel: Kernel, message: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _render_daemon_apply(resp: dict[str, Any]) -> None:
+    from gputuned.cli.render import console, shown
+
     out = console()
     out.print(
         f"Applied {shown(resp['profile'])} through the daemon: {len(resp['written'])} write(s), "
@@ -131,6 +126,7 @@ def _apply_source(kernel: Kernel, arg: str) -> tuple[Profile | None, dict[str, A
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import render_apply
     from gputuned.engine.apply import apply_profile
     from gputuned.profile.load import load_profile
 
@@ -161,6 +157,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_revert(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import render_revert
     from gputuned.engine.apply import RevertReport, revert_all
 
     kernel = root.open_kernel(args.root)
@@ -177,9 +174,9 @@ def cmd_revert(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from gputuned.engine.apply import read_state
-    from gputuned.engine.plan import plan_profile
-    from gputuned.engine.verify import VerifyReport, verify_plan
+    from gputuned.cli.markup import Lines
+    from gputuned.cli.render import render_verify, shown
+    from gputuned.engine.verify import VerifyReport
     from gputuned.store.userfiles import write_user_file_atomic
 
     kernel = root.open_kernel(args.root)
@@ -187,6 +184,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if resp is not None:
         report = VerifyReport.from_json(resp, strict=args.strict)
     else:
+        from gputuned.engine.apply import read_state
+        from gputuned.engine.plan import plan_profile
+        from gputuned.engine.verify import verify_plan
+
         profile, _source = _profile_for(args, kernel)
         plan = plan_profile(kernel, profile, allow_blocked=True)  # a blocked one shows as lines
         report = verify_plan(plan, read_state(kernel), strict=args.strict)
@@ -198,7 +199,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         render_verify(report, verbose=args.verbose)
         if edited:
-            console().print(f"[yellow]note[/] {shown(edited)}")
+            Lines().print(f"[yellow]note[/] {shown(edited)}")
     return report.exit_code
 
 
@@ -209,7 +210,7 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
     passed unseen (issue 19, item 4). The file is loaded as apply loaded it (includes too) and
     compared with that copy: an edit that changes nothing gputuned reads (a comment) is none.
     """
-    from gputuned.engine.apply import read_active
+    from gputuned.engine.applied import read_active
     from gputuned.profile.load import load_profile, parse_profile
     from gputuned.store.profiledirs import ProfileDirs
 
@@ -247,8 +248,10 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from gputuned.engine.apply import read_active, read_state
-    from gputuned.engine.journal import Journal
+    # state.json and active.json from engine.applied, not through engine.apply: status needs
+    # neither the planner nor the profile's models (issue 31, item 2).
+    from gputuned.cli.render import render_status
+    from gputuned.engine.applied import read_active, read_state
 
     kernel = root.open_kernel(args.root)
     active = read_active(kernel)
@@ -261,6 +264,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         resp.update(coexistence=others, grub_dropin=grub)
         print_json(resp) if args.json else render_status(resp)
         return 0
+    from gputuned.engine.journal import Journal
+
     state = read_state(kernel)
     journal = Journal(kernel)
     data = {
@@ -296,18 +301,23 @@ def _grub_dropin(kernel: Kernel) -> str | None:
 
 def _neighbour_tools(kernel: Kernel, active: dict[str, Any] | None) -> list[str]:
     """What TuneD and irqbalance do here that meets the active profile (engine/coexist.py)."""
-    from gputuned.engine.coexist import coexistence_notes
+    from gputuned.engine.coexist import coexistence_notes, irqbalance_runs
     from gputuned.kernel.proc import iter_processes
-    from gputuned.profile.load import parse_profile
 
-    try:
-        profile = parse_profile(active["profile"], ACTIVE) if active else None
-    except errors.ProfileError:
-        profile = None  # a copy this version no longer reads: said by verify and apply
-    return coexistence_notes(kernel, profile, iter_processes(kernel, brief=True), plan=False)
+    processes = list(iter_processes(kernel, brief=True))
+    profile: Profile | None = None
+    # Only the irqbalance notes read the profile: without irqbalance, status loads no model.
+    if active and irqbalance_runs(processes):
+        from gputuned.profile.load import parse_profile
+
+        # A copy this version no longer reads: said by verify and apply.
+        with contextlib.suppress(errors.ProfileError):
+            profile = parse_profile(active["profile"], ACTIVE)
+    return coexistence_notes(kernel, profile, processes, plan=False)
 
 
 def cmd_register(args: argparse.Namespace) -> int:
+    from gputuned.cli.render import console, shown
     from gputuned.kernel.proc import read_identity
 
     kernel = root.open_kernel(args.root)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gputuned.changes import Refusal
-from gputuned.engine.applyreport import ApplyReport
 from gputuned.kernel import Kernel
-from gputuned.profile.model import Profile
 from gputuned.store.state import ACTIVE, STATE, read_optional_bytes, replace_durable
+
+if TYPE_CHECKING:
+    # Types only: status and list read these files, and need neither pydantic and the
+    # profile's models nor the plan's data (issue 31, item 2).
+    from gputuned.changes import Refusal
+    from gputuned.engine.applyreport import ApplyReport
+    from gputuned.profile.model import Profile
 
 __all__ = ["read_active", "read_state", "record_applied"]
 

@@ -6,7 +6,8 @@ Where the rest lives: one op's journal, write and read-back in :mod:`gputuned.en
 the order of many ops and the undo of a failed apply in :mod:`gputuned.engine.writer`; the
 report and error in :mod:`gputuned.engine.applyreport`; state.json and active.json in
 :mod:`gputuned.engine.applied`; revert in :mod:`gputuned.engine.revert`. Callers import all of
-these names from here.
+these names from here, except the commands that only read state.json and active.json (status,
+list, verify through the daemon): they import engine.applied, which loads no planner (issue 31).
 """
 
 from __future__ import annotations

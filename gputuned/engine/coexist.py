@@ -54,6 +54,12 @@ def tuned_notes(kernel: Kernel, processes: Iterable[ProcInfo]) -> list[str]:
     return notes
 
 
+def irqbalance_runs(processes: Iterable[ProcInfo]) -> bool:
+    """Whether irqbalance is among ``processes``: without it, :func:`irqbalance_notes` says
+    nothing whatever the profile (status then reads no profile)."""
+    return bool(_pids(processes, "irqbalance"))
+
+
 def irqbalance_notes(
     profile: Profile | None, processes: Iterable[ProcInfo], *, plan: bool
 ) -> list[str]:

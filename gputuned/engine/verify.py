@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputuned import exitcodes
-from gputuned.engine.plan import PlanResult
+
+if TYPE_CHECKING:
+    # A report the daemon sent is read back without the planner (gputunectl verify).
+    from gputuned.engine.plan import PlanResult
 
 PASSED, DRIFTED, PENDING, NOT_POSSIBLE, REPORT_ONLY, SELF_BOUND = (
     "passed",

@@ -9,12 +9,9 @@ installs into a tree exactly as ``/`` would), and the programs it runs go throug
 from __future__ import annotations
 
 import errno as E
-import hashlib
-import importlib.resources
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -36,6 +33,8 @@ def package_data(folder: str) -> dict[str, bytes]:
     In a source checkout these folders are links to the top-level ``profiles/``, ``systemd/``
     and ``udev/``; in an installed wheel they are real files.
     """
+    import importlib.resources  # here: every command loads this module (store/state.py)
+
     base = importlib.resources.files("gputuned").joinpath("data", folder)
     try:
         entries = sorted(base.iterdir(), key=lambda e: e.name)
@@ -118,6 +117,8 @@ def which(name: str) -> str | None:
 
 def sha256_of(kernel: Kernel, hpath: str) -> str | None:
     """SHA-256 of a file's bytes (a link is followed), or ``None`` when there is none."""
+    import hashlib
+
     real = kernel.path(hpath)
     try:
         with open(real, "rb") as f:
@@ -192,6 +193,8 @@ class ToolRun:
 
 def run_tool(argv: list[str], timeout: float = 120) -> ToolRun:
     """Run a system tool (systemctl, udevadm); its exit status is returned, never raised."""
+    import subprocess
+
     try:
         p = subprocess.run(
             argv,
