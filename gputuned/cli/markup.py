@@ -11,10 +11,11 @@ refuses) it hands the line to rich. tests/unit/test_cli_markup.py compares the t
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from typing import TYPE_CHECKING, TextIO
+
+from gputuned.kernel.stdio import environment_has
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -101,7 +102,7 @@ class Lines:
         return sys.stderr if self.stderr else sys.stdout
 
     def _plain_here(self) -> bool:
-        if any(name in os.environ for name in _RICH_ENV):
+        if environment_has(_RICH_ENV):
             return False
         isatty = getattr(self.file, "isatty", None)
         try:

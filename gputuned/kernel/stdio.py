@@ -14,3 +14,9 @@ def discard(fd: int) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def environment_has(names: tuple[str, ...]) -> bool:
+    """Whether any of ``names`` is set in this process's environment (rich's colour switches,
+    which decide how a line is printed)."""
+    return any(name in os.environ for name in names)
