@@ -3,11 +3,11 @@ events, udev, signals). See :mod:`gputuned.daemon` for what it does."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from gputuned import errors
 from gputuned.daemon import placing
@@ -17,7 +17,6 @@ from gputuned.daemon.inplace import replan_if_moved
 from gputuned.daemon.keeper import Keeper
 from gputuned.engine.apply import forget_process, revert_all
 from gputuned.engine.journal import Journal
-from gputuned.kernel import Kernel
 from gputuned.kernel.live import set_own_realtime
 from gputuned.profile.model import Profile
 from gputuned.profile.tables.daemon import Config as DaemonConfig
@@ -38,15 +37,9 @@ class Daemon(Keeper):
     the keeper's (daemon/keeper.py); the control requests are answered by its ``requests``
     (daemon/control.py), which the control socket and the metrics port are given."""
 
-    def __init__(
-        self,
-        kernel: Kernel,
-        *,
-        profile_path: Path | None = None,
-        metrics_address: str | None = None,
-    ) -> None:
-        super().__init__(kernel, profile_path=profile_path, metrics_address=metrics_address)
-        self.requests = Requests(self)
+    @functools.cached_property
+    def requests(self) -> Requests:
+        return Requests(self)
 
     def start(self) -> None:
         """Set up everything, then apply: the lock, journal and profile, the control socket,

@@ -45,6 +45,17 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, 
     return rc, json.loads(capsys.readouterr().out)
 
 
+def planned(
+    capsys: pytest.CaptureFixture[str], prof: str, root: Path
+) -> tuple[dict[str, object], list[dict[str, str]]]:
+    """The plan of ``prof`` on the tree ``root`` (exit 0), and its changes."""
+    rc, plan = run(capsys, "plan", prof, "--root", str(root))
+    assert rc == 0
+    changes = plan["changes"]
+    assert isinstance(changes, list)
+    return plan, changes
+
+
 def profile_file(tmp_path: Path, text: str = PROFILE) -> str:
     path = tmp_path / "wq.toml"
     path.write_text(text)
@@ -57,10 +68,7 @@ def test_unbound_work_moves_to_the_set_and_back(
     root = tree(tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    rc, plan = run(capsys, "plan", prof, "--root", str(root))
-    assert rc == 0
-    changes = plan["changes"]
-    assert isinstance(changes, list)
+    _, changes = planned(capsys, prof, root)
     assert [(c["target"], c["current"], c["wanted"]) for c in changes] == [
         ("unbound workqueues", "ffff", "0101"),
         ("workqueue blkcg_punt_bio", "ffff", "0101"),
@@ -200,10 +208,7 @@ def test_movable_kthreads_move_to_the_set_and_back(
     root = kthread_tree(tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path)
-    rc, plan = run(capsys, "plan", prof, "--root", str(root))
-    assert rc == 0
-    changes = plan["changes"]
-    assert isinstance(changes, list)
+    plan, changes = planned(capsys, prof, root)
     assert [(c["target"], c["current"], c["wanted"]) for c in changes][3:] == [
         ("kernel thread kthreadd (pid 2)", "0-15", "0,8"),
         ("kernel thread kswapd0 (pid 47)", "0-15", "0,8"),
@@ -268,10 +273,7 @@ def test_kthreads_false_leaves_kernel_threads_alone(
     root = kthread_tree(tmp_path)
     before = digest(root)
     prof = profile_file(tmp_path, PROFILE + "kthreads = false\n")
-    rc, plan = run(capsys, "plan", prof, "--root", str(root))
-    assert rc == 0
-    changes = plan["changes"]
-    assert isinstance(changes, list)
+    _, changes = planned(capsys, prof, root)
     assert not any("kernel thread" in c["target"] for c in changes)
     assert run(capsys, "apply", prof, "--root", str(root))[0] == 0
     assert [allowed(root, pid) for pid, *_ in KTHREADS] == ["0-15", "0-15", "0", "3", "0,8"]
