@@ -66,3 +66,9 @@ class TunerPlan:
     refused: list[Refusal] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     pending_boot: list[str] = field(default_factory=list)
+
+
+def labelled(tuner: str, target: str) -> str:
+    """A change's tuner and target as one says them: ``irq 24 (ACPI:Ged)``, not ``irq irq 24``
+    where the target already starts with the tuner's name."""
+    return target if target.startswith(f"{tuner} ") else f"{tuner} {target}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from gputuned.changes import labelled
 from gputuned.cli import markup
 from gputuned.cli.markup import Lines, escape
 from gputuned.textsafe import printable
@@ -204,7 +205,7 @@ def render_plan(result: PlanResult) -> None:
         out.print("No changes: the host already matches the profile.")
     for r in result.refused:
         tag = "[bold red]blocked[/]" if r.blocking else "[bold yellow]refused[/]"
-        out.print(f"{tag} {r.tuner} {shown(r.target)}: {shown(r.reason)}")
+        out.print(f"{tag} {shown(labelled(r.tuner, r.target))}: {shown(r.reason)}")
     for b in result.pending_boot:
         out.print(f"[magenta]boot[/] {shown(b)} (missing from /proc/cmdline; needs a reboot)")
     if result.blocked:
@@ -274,11 +275,13 @@ def render_apply(plan: PlanResult, report: ApplyReport, root_option: str = "") -
         out.print(f"  [dim]skipped[/] {shown(s['target'])}: {shown(s['reason'])}")
     for c in quiet:
         out.print(
-            f"  [yellow]report only[/] {c.tuner} {shown(c.target)}: "
+            f"  [yellow]report only[/] {shown(labelled(c.tuner, c.target))}: "
             f"{shown(c.current)} → {shown(c.wanted)} (not applied)"
         )
     for rf in plan.refused:
-        out.print(f"  [yellow]refused[/] {rf.tuner} {shown(rf.target)}: {shown(rf.reason)}")
+        out.print(
+            f"  [yellow]refused[/] {shown(labelled(rf.tuner, rf.target))}: {shown(rf.reason)}"
+        )
     for f in report.failed:
         out.print(f"  [bold red]failed[/] {shown(f['target'])}: {shown(f['error'])}")
     for b in plan.pending_boot:
@@ -409,7 +412,7 @@ def render_status(data: dict[str, Any]) -> None:
         out.print(f"  [yellow]not possible here[/] {shown(np['target'])}: {shown(np['reason'])}")
     for r in data.get("refused") or []:
         out.print(
-            f"  [yellow]refused[/] {shown(r['tuner'])} {shown(r['target'])}: {shown(r['reason'])}"
+            f"  [yellow]refused[/] {shown(labelled(str(r['tuner']), str(r['target'])))}: {shown(r['reason'])}"
         )
     for note in others:
         out.print(f"[yellow]note[/] {shown(note)}")

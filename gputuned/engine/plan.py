@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gputuned import errors
-from gputuned.changes import Change, Refusal
+from gputuned.changes import Change, Refusal, labelled
 from gputuned.engine.coexist import coexistence_notes
 from gputuned.engine.journal import Journal
 from gputuned.engine.layout import gpu_node_warnings, plan_layout
@@ -83,7 +83,7 @@ class PlanResult:
 
     def blocked_error(self) -> errors.PlanError:
         lines = [f"profile {self.profile!r} cannot be applied on this host; nothing was changed."]
-        lines += [f"  {r.tuner} {r.target}: {r.reason}" for r in self.blocked]
+        lines += [f"  {labelled(r.tuner, r.target)}: {r.reason}" for r in self.blocked]
         return errors.PlanError("\n".join(lines))
 
     def to_json(self) -> dict[str, Any]:

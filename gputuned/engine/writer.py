@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gputuned import errors
-from gputuned.changes import Change
+from gputuned.changes import Change, labelled
 from gputuned.engine.applyreport import ApplyError, ApplyReport
 from gputuned.engine.commit import already_held, commit, prepare, restore_quietly, write_one
 from gputuned.engine.journal import Journal
@@ -159,7 +159,7 @@ class Writer:
             rollback(self.kernel, self.journal, self.undo)
             self.report.rolled_back = True
             raise ApplyError(
-                f"{op.tuner} {op.target} failed: {exc}; the {len(self.undo)} write(s) "
+                f"{labelled(op.tuner, op.target)} failed: {exc}; the {len(self.undo)} write(s) "
                 "before it were reverted (use --keep-going to keep them and continue)",
                 self.report,
             ) from exc

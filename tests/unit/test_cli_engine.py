@@ -24,7 +24,7 @@ def test_cli_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "apply", prof, "--root", root)
     assert rc == 0
     assert "Applied latency-critical:" in out and "Undo with: gputunectl revert" in out
-    assert "not possible here irq 31 (virtio0-req.0)" in out or "refused irq irq 31" in out
+    assert "not possible here irq 31 (virtio0-req.0)" in out or "refused irq 31" in out
 
     rc, out, _ = run(capsys, "apply", prof, "--root", root, "--json")
     assert rc == 0 and json.loads(out)["written"] == []
