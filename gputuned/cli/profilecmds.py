@@ -62,7 +62,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     kernel = open_kernel(args.root)
     dirs = ProfileDirs.for_host(kernel)
-    active_name, active_path = _active(kernel)
+    unknown = None  # why the active profile cannot be read by this user
+    try:
+        active_name, active_path = _active(kernel)
+    except errors.PermissionDenied as exc:
+        # /etc/gputuned is root's alone (0700): the profiles still list, as tuned-adm's do.
+        active_name = active_path = None
+        unknown = str(exc).splitlines()[0]
     rows: list[dict[str, Any]] = []
     for e in dirs.entries():
         desc, error = _describe(e, dirs)
@@ -84,6 +90,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "user_dir": str(dirs.user),
                 "shipped_dir": str(dirs.shipped),
                 "active": {"name": active_name, "path": active_path} if active_name else None,
+                "active_unknown": unknown,
                 "profiles": rows,
             }
         )
@@ -104,7 +111,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             text = shown(text)
         out.print(f"{mark} {shown(r['name']):<{width}}  {r['origin']:<7}  {text}")
     out.print(f"yours: {shown(dirs.user)} (a name there wins); shipped: {shown(dirs.shipped)}")
-    if active_name is None:
+    if unknown is not None:
+        out.print(f"active: not known to this user ({shown(unknown)}); sudo gputunectl active")
+    elif active_name is None:
         out.print(f"active: none (gputunectl apply NAME{shown(root_option(args))})")
     else:
         marked = any(r["active"] for r in rows)
