@@ -1423,6 +1423,7 @@ SIM_FILES = (
     "tests/faults.py",
     "tests/integration/__init__.py",
     "tests/integration/conftest.py",
+    "tests/integration/machine.py",
     "tests/integration/test_procctl_live.py",
 )
 
