@@ -219,18 +219,22 @@ def test_only_the_root_chooser_imports_the_simulator() -> None:
     assert importers == [SIM_CHOOSER]
 
 
+def imported_names(tree: ast.AST) -> list[str]:
+    """The modules ``tree`` imports when it runs (``from a import b``: ``a``), at any depth."""
+    names: list[str] = []
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
 def test_nothing_in_gputuned_imports_the_test_machinery() -> None:
     bad = []
     for path in PKG.rglob("*.py"):
-        for node in _runtime_nodes(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            bad += [f"{module_name(path)}: {n}" for n in names if n.split(".")[0] == "tests"]
+        names = imported_names(ast.parse(path.read_text()))
+        bad += [f"{module_name(path)}: {n}" for n in names if n.split(".")[0] == "tests"]
     assert bad == []
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.unit.test_architecture import imported_names
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,18 +27,10 @@ def sim_files() -> tuple[str, ...]:
 def imported_test_modules(rel: str) -> set[str]:
     """The files of tests/ that ``rel`` imports (any depth, lazy ones too)."""
     out = set()
-    for node in ast.walk(ast.parse((REPO / rel).read_text())):
-        names = (
-            [a.name for a in node.names]
-            if isinstance(node, ast.Import)
-            else [node.module or ""]
-            if isinstance(node, ast.ImportFrom)
-            else []
-        )
-        for name in names:
-            if name.startswith("tests."):
-                path = name.replace(".", "/")
-                out.add(f"{path}.py" if (REPO / f"{path}.py").is_file() else f"{path}/__init__.py")
+    for name in imported_names(ast.parse((REPO / rel).read_text())):
+        if name.startswith("tests."):
+            path = name.replace(".", "/")
+            out.add(f"{path}.py" if (REPO / f"{path}.py").is_file() else f"{path}/__init__.py")
     return out
 
 
