@@ -211,7 +211,6 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
     compared with that copy: an edit that changes nothing gputuned reads (a comment) is none.
     """
     from gputuned.engine.applied import read_active
-    from gputuned.profile.load import load_profile, parse_profile
     from gputuned.store.profiledirs import ProfileDirs
 
     active = read_active(kernel)
@@ -219,6 +218,10 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
         return None
     where = str(active.get("path") or active["source"])
     again = f"gputunectl apply {where}{root_option(args)}"
+    if _same_as_applied(where, active, kernel):
+        return None
+    from gputuned.profile.load import load_profile, parse_profile
+
     try:
         now = load_profile(where, names=ProfileDirs.for_host(kernel))
     except errors.ProfileError as exc:
@@ -245,6 +248,23 @@ def _edited_since_apply(args: argparse.Namespace, kernel: Kernel) -> str | None:
         f"the profile file {where} changed since it was applied; verify compared the host with "
         f"the copy applied then: to use the edit, {again}"
     )
+
+
+def _same_as_applied(where: str, active: dict[str, Any], kernel: Kernel) -> bool:
+    """Whether the file's data, includes merged, is exactly what was applied (its digest in
+    active.json): then it has not changed, and neither pydantic nor the model is loaded (issue
+    31, item 2). Anything else (a different digest, none recorded, a file that does not read)
+    is left to the full comparison."""
+    from gputuned.profile.files import digest, read_merged
+    from gputuned.store.profiledirs import ProfileDirs
+
+    recorded = active.get("source_digest")
+    if not isinstance(recorded, str):
+        return False
+    try:
+        return digest(read_merged(where, names=ProfileDirs.for_host(kernel))) == recorded
+    except errors.GputunedError:
+        return False
 
 
 def cmd_status(args: argparse.Namespace) -> int:

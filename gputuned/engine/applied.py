@@ -47,6 +47,9 @@ def record_applied(
     }
     if reload_path is not None:
         active["path"] = reload_path
+    if profile.source_digest is not None:
+        # verify's quick answer to "did the file change since?" (cli/tuning._edited_since_apply).
+        active["source_digest"] = profile.source_digest
     replace_durable(kernel, ACTIVE, json.dumps(active, indent=1).encode(), mode=0o644)
 
 

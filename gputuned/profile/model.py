@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictStr, create_model
 
 from gputuned.profile import tables as declared
 from gputuned.profile.cpusets import CpuSetSpec
@@ -49,6 +49,13 @@ class Keys(BaseModel):
     """The keys of a profile that are not tables; :class:`Profile` adds one field per table."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: profile/files.digest of the data it was made from (parse_profile sets it): active.json
+    #: keeps it, and verify compares a profile file with it without loading the model.
+    _source_digest: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_digest(self) -> str | None:
+        return self._source_digest
 
     name: StrictStr = Field(min_length=1, description="Name of the profile, shown in reports.")
     description: StrictStr = Field(default="", description="What the profile is for.")
